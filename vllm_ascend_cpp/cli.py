@@ -1,0 +1,184 @@
+"""``vllm-cpp``: offline tools around the CPP latency model.
+
+Each subcommand is one ``add_<name>_parser`` function (arguments) and one ``run_<name>``
+function (work, returns the exit code), listed in ``SUBCOMMANDS``. Errors in the arguments exit
+with code 2 and one line on stderr starting ``vllm-cpp: error:``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from .core.latency_model import LatencyModel
+from .core.predictor import ChunkSizePredictor
+from .core.report import compare_plans, format_chunk_table
+
+PROG = "vllm-cpp"
+
+
+class CliError(Exception):
+    """A problem with the command line or its inputs; exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints usage plus an error and exits itself; we want one line and a return code.
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+# -- plan ---------------------------------------------------------------------------------
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "plan",
+        help="print the dynamic chunk plan of one prompt and its predicted TTFT",
+        description="Plan the chunks of one prompt from latency coefficients (or a saved "
+                    "profile) and compare predicted TTFT against fixed chunks of --budget.")
+    src = p.add_argument_group("latency model (coefficients in ms, or a saved profile)")
+    src.add_argument("--a", type=float, help="attention coefficient (ms per token^2)")
+    src.add_argument("--b", type=float, help="linear coefficient (ms per token)")
+    src.add_argument("--c", type=float, help="per-step overhead (ms)")
+    src.add_argument("--gamma", type=float, default=None,
+                     help="prefix coefficient (ms per cached token, default 0)")
+    src.add_argument("--profile", metavar="FILE", help="profile JSON saved by the plugin")
+    p.add_argument("--prompt-len", type=int, required=True, help="prompt length in tokens")
+    p.add_argument("--budget", type=int, default=None,
+                   help="token budget per step, also the base chunk and the fixed chunk "
+                        "(default: the profile's base chunk)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--smooth", type=float, default=1.0, help="smooth factor in (0, 1]")
+    p.add_argument("--min-chunk", type=int, default=None,
+                   help="smallest chunk (default min(4096, budget))")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size (default 16)")
+    p.add_argument("--target-ms", type=float, default=None,
+                   help="per-chunk target in ms (default: cost of the base chunk at L=0)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=run_plan)
+    return p
+
+
+def _load_profile(path: str) -> tuple[LatencyModel, dict]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise CliError(f"cannot read profile {path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CliError(f"profile {path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise CliError(f"profile {path} has no latency model")
+    try:
+        model = LatencyModel.from_dict(data["model"])
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"profile {path} has a bad latency model: {exc}") from None
+    return model, data
+
+
+def _plan_model(args: argparse.Namespace) -> tuple[LatencyModel, dict]:
+    coefficients = {"a": args.a, "b": args.b, "c": args.c}
+    given = [k for k, v in coefficients.items() if v is not None]
+    if args.profile is not None:
+        if given or args.gamma is not None:
+            raise CliError("give either --profile or coefficients, not both")
+        return _load_profile(args.profile)
+    if not given:
+        raise CliError("no latency model: give --a, --b and --c, or --profile FILE")
+    missing = [k for k, v in coefficients.items() if v is None]
+    if missing:
+        raise CliError("missing coefficient " + ", ".join(f"--{k}" for k in missing))
+    gamma = 0.0 if args.gamma is None else args.gamma
+    for name, value in (*coefficients.items(), ("gamma", gamma)):
+        if not math.isfinite(value) or value < 0:
+            raise CliError(f"--{name} must be a finite number >= 0, got {value}")
+    return LatencyModel(a=args.a, b=args.b, c=args.c, gamma=gamma), {}
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is None or value < 1:
+        raise CliError(f"{name} must be a positive integer, got {value}")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    model, profile = _plan_model(args)
+    budget = args.budget
+    if budget is None:
+        settings = profile.get("settings") if isinstance(profile.get("settings"), dict) else {}
+        budget = settings.get("base_chunk")
+        if not isinstance(budget, int):
+            raise CliError("--budget is required (the profile does not name a base chunk)")
+    _positive("--prompt-len", args.prompt_len)
+    _positive("--budget", budget)
+    _positive("--pp", args.pp)
+    _positive("--block-size", args.block_size)
+    if not 0.0 < args.smooth <= 1.0:
+        raise CliError(f"--smooth must be in (0, 1], got {args.smooth}")
+    min_chunk = min(4096, budget) if args.min_chunk is None else args.min_chunk
+    if min_chunk < 0:
+        raise CliError(f"--min-chunk must be >= 0, got {min_chunk}")
+    if args.target_ms is not None and not (math.isfinite(args.target_ms) and args.target_ms > 0):
+        raise CliError(f"--target-ms must be a positive number, got {args.target_ms}")
+    predictor = ChunkSizePredictor(model, base_chunk=budget, smooth_factor=args.smooth,
+                                   min_chunk=min_chunk, block_size=args.block_size,
+                                   target_ms=args.target_ms)
+    if not predictor.ready:
+        raise CliError(f"cannot plan with this model: {predictor.not_ready_reason}")
+
+    result = compare_plans(predictor, args.prompt_len, budget, args.pp)
+    result = {"model": model.to_dict(), "target_ms": predictor.target_ms,
+              "smooth_factor": predictor.smooth_factor, "min_chunk": predictor.min_chunk,
+              "alignment": predictor.alignment, **result}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"model: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g} gamma={model.gamma:.4g} "
+          f"(ms); target {predictor.target_ms:.2f} ms per chunk")
+    print(f"prompt {args.prompt_len} tokens, budget {budget}, pp {args.pp}, smooth "
+          f"{predictor.smooth_factor}, min chunk {predictor.min_chunk}, alignment "
+          f"{predictor.alignment}")
+    for line in format_chunk_table(result["chunks"], result["fixed_chunks"]):
+        print(line)
+    ratio = result["ttft_ratio"]
+    print(f"predicted TTFT at pp={args.pp}: fixed {result['ttft_fixed_ms']:.1f} ms "
+          f"({len(result['fixed_chunks'])} chunks of {budget}), dynamic "
+          f"{result['ttft_dynamic_ms']:.1f} ms ({len(result['chunks'])} chunks), "
+          f"ratio {ratio:.3f}")
+    return 0
+
+
+# -- entry point --------------------------------------------------------------------------
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
+    add_plan_parser,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Tools for dynamic chunked pipeline parallelism.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.run(args))
+    except CliError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        # --help and friends exit through argparse.
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

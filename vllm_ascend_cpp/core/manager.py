@@ -1,0 +1,332 @@
+"""Lifecycle of dynamic chunking on one engine: profile, plan, time, recalibrate, fall back.
+
+States::
+
+    UNPROFILED --begin_profiling--> PROFILING --finish_profiling--> READY | CALIBRATING
+        |                                         \\--(fit rejected)--> FIXED_FALLBACK
+        \\--load_profile--> READY | CALIBRATING
+    any --fail(reason)--> FIXED_FALLBACK (for good)
+    CALIBRATING --calibrator gave up--> FIXED_FALLBACK --calibrator reenabled--> CALIBRATING
+
+READY means a model is in use and online calibration is off; CALIBRATING means a model is in
+use and timed steps keep refining it. In every other state :meth:`plan_step` returns the
+fallback plan (vLLM's own budget, no cap), so scheduling never waits on this class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+
+import numpy as np
+
+from .calibrator import CalibrationEvent, OnlineCalibrator
+from .fit import MIN_SAMPLES, FitResult, fit_startup
+from .latency_model import LatencyModel
+from .predictor import ChunkSizePredictor
+from .report import build_report
+from .step_planner import Candidate, StepPlan, StepPlanner, simulate
+
+__all__ = ["CppState", "CoreSettings", "ProfilingChunkManager", "PROFILE_VERSION"]
+
+PROFILE_VERSION = 1
+# Timing a step costs a device sync; once the model is trusted, one step in this many is
+# enough to notice drift.
+TIMING_PERIOD = 16
+# Recent prediction error above this keeps every step timed.
+TIMING_ERROR_THRESHOLD = 0.10
+_RECENT_ERRORS = 64
+
+
+# (str, Enum) rather than StrEnum: setup.py still admits Python 3.10.
+class CppState(str, Enum):  # noqa: UP042
+    UNPROFILED = "unprofiled"
+    PROFILING = "profiling"
+    READY = "ready"
+    CALIBRATING = "calibrating"
+    FIXED_FALLBACK = "fixed-fallback"
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """What the core needs from the operator's configuration (validated here too)."""
+
+    base_chunk: int
+    smooth_factor: float = 1.0
+    min_chunk: int = 4096
+    block_size: int = 16
+    num_samples: int = 64
+    online_calibration: bool = True
+    calibration_window: int = 256
+    max_failed_fits: int = 8
+    pp_size: int = 2
+    reference_prompt_len: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("base_chunk", "block_size", "num_samples", "calibration_window",
+                    "max_failed_fits", "pp_size")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if isinstance(self.min_chunk, bool) or not isinstance(self.min_chunk, int) \
+                or self.min_chunk < 0:
+            raise ValueError(f"min_chunk must be a non-negative integer, got {self.min_chunk!r}")
+        if not 0.0 < float(self.smooth_factor) <= 1.0:
+            raise ValueError(f"smooth_factor must be in (0, 1], got {self.smooth_factor!r}")
+        ref = self.reference_prompt_len
+        if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
+            raise ValueError(f"reference_prompt_len must be a positive integer, got {ref!r}")
+
+    @property
+    def reference_len(self) -> int:
+        return self.reference_prompt_len or 8 * self.base_chunk
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> CoreSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class ProfilingChunkManager:
+    """Owns the model, predictor, planner and calibrator of one engine; see module docstring."""
+
+    def __init__(self, settings: CoreSettings) -> None:
+        self.settings = settings
+        self.state = CppState.UNPROFILED
+        self.fallback_reason = ""
+        self.model: LatencyModel | None = None
+        self.fit: FitResult | None = None
+        self.source = ""
+        self.predictor = ChunkSizePredictor(
+            None, base_chunk=settings.base_chunk, smooth_factor=settings.smooth_factor,
+            min_chunk=settings.min_chunk, block_size=settings.block_size)
+        self.planner = StepPlanner(self.predictor)
+        self.calibrator: OnlineCalibrator | None = (
+            OnlineCalibrator(window=settings.calibration_window,
+                             max_failed_fits=settings.max_failed_fits)
+            if settings.online_calibration else None)
+        self.report: dict | None = None
+        self.events: list[CalibrationEvent] = []
+        self._sizes: list[float] = []
+        self._latencies: list[float] = []
+        # fail() is final; a calibrator give-up is not (it may re-enable).
+        self._failed_for_good = False
+        self._steps_planned = 0
+        self._fallback_steps = 0
+        self._steps_timed = 0
+        self._timing_calls = 0
+        self._errors: deque[float] = deque(maxlen=_RECENT_ERRORS)
+
+    # -- profiling ------------------------------------------------------------------------
+
+    def sample_sizes(self) -> list[int]:
+        """``num_samples`` sizes ``base, base*(n-1)/n, ..., base/n`` (ints >= 1, descending)."""
+        n = self.settings.num_samples
+        base = self.settings.base_chunk
+        return [max(1, base * (n - k) // n) for k in range(n)]
+
+    def begin_profiling(self) -> None:
+        self._require(CppState.UNPROFILED, "begin profiling")
+        self.state = CppState.PROFILING
+
+    def finish_profiling(self, sizes: Sequence[int],
+                         latencies_ms: Sequence[float]) -> FitResult:
+        """Fit the sweep; READY/CALIBRATING on success, FIXED_FALLBACK with a reason if not."""
+        self._require(CppState.PROFILING, "finish profiling")
+        self._sizes = [float(s) for s in sizes]
+        self._latencies = [float(t) for t in latencies_ms]
+        fit = fit_startup(self._sizes, self._latencies, min_samples=MIN_SAMPLES)
+        self.fit = fit
+        self.source = "sweep"
+        if fit.ok and fit.model is not None:
+            self._use_model(fit.model)
+        else:
+            self._enter_fallback(f"startup profiling fit rejected: {fit.reason}")
+        self._build_report()
+        return fit
+
+    def load_profile(self, profile: Mapping) -> None:
+        """Use a profile saved by :meth:`profile_dict` instead of sweeping.
+
+        Raises ValueError when the profile is malformed (the caller should sweep instead).
+        """
+        self._require(CppState.UNPROFILED, "load a profile")
+        if not isinstance(profile, Mapping):
+            raise ValueError("profile must be a JSON object")
+        version = profile.get("version", PROFILE_VERSION)
+        if version != PROFILE_VERSION:
+            raise ValueError(f"profile version {version!r} is not {PROFILE_VERSION}")
+        if profile.get("model") is None:
+            raise ValueError("profile has no model")
+        model = LatencyModel.from_dict(profile["model"])
+        if not model.is_physical:
+            raise ValueError("profile model has a negative coefficient")
+        samples = profile.get("samples") or {}
+        self._sizes = [float(s) for s in samples.get("sizes", [])]
+        self._latencies = [float(t) for t in samples.get("latencies_ms", [])]
+        self.fit = _fit_from_dict(profile.get("fit"), model)
+        self.source = "cache"
+        self._use_model(model)
+        self._build_report()
+
+    def fail(self, reason: str) -> None:
+        """Give up on dynamic chunking for good (any state -> FIXED_FALLBACK)."""
+        self._failed_for_good = True
+        self._enter_fallback(reason)
+
+    # -- serving --------------------------------------------------------------------------
+
+    def plan_step(self, candidates: Sequence[Candidate], *, max_budget: int,
+                  max_requests: int | None = None) -> StepPlan:
+        """This step's budget and cap; the fallback plan unless a model is in use."""
+        self._steps_planned += 1
+        if self.state in (CppState.READY, CppState.CALIBRATING):
+            plan = self.planner.plan(candidates, max_budget=max_budget,
+                                     max_requests=max_requests)
+        else:
+            items = simulate(candidates, max_budget, 0, max_requests)
+            plan = StepPlan(max_budget, 0, items, math.nan, fallback=True,
+                            reason=self.fallback_reason or f"state {self.state.value}")
+        if plan.fallback:
+            self._fallback_steps += 1
+        return plan
+
+    def record_step(self, items: Sequence[tuple[int, int]], measured_ms: float,
+                    predicted_ms: float | None = None) -> CalibrationEvent | None:
+        """Feed one timed step; returns the calibration event it triggered, if any."""
+        self._steps_timed += 1
+        measured = float(measured_ms)
+        if self.model is not None and items and math.isfinite(measured) and measured > 0:
+            pred = predicted_ms
+            if pred is None or not math.isfinite(pred):
+                pred = self.model.step_ms(items)
+            self._errors.append(abs(pred - measured) / measured)
+        cal = self.calibrator
+        if cal is None or self._failed_for_good:
+            return None
+        # Rows are only worth collecting while a model is refined, or to recover after the
+        # calibrator gave up; a rejected startup sweep stays in fixed fallback.
+        recovering = self.state == CppState.FIXED_FALLBACK and cal.gave_up
+        if self.state != CppState.CALIBRATING and not recovering:
+            return None
+        cal.add(items, measured)
+        event = cal.maybe_refit(self.model)
+        if event is None:
+            return None
+        self.events.append(event)
+        if event.kind in ("accepted", "reenabled") and event.model is not None:
+            self._use_model(event.model)
+            self._errors.clear()
+        elif event.kind == "gave_up":
+            self._enter_fallback(f"online calibration gave up: {event.reason}")
+        return event
+
+    def should_time_step(self) -> bool:
+        """Whether to time the coming step (each call is one step).
+
+        Always while calibrating (window not yet full, or after a give-up) or while the recent
+        median prediction error is above 10%; otherwise one step in 16. Never when no model
+        is or could be in use.
+        """
+        self._timing_calls += 1
+        cal = self.calibrator
+        if self.state == CppState.FIXED_FALLBACK:
+            if self._failed_for_good or cal is None or not cal.gave_up:
+                return False
+            return True
+        if self.state not in (CppState.READY, CppState.CALIBRATING):
+            return False
+        if self.state == CppState.CALIBRATING and cal is not None and cal.n_rows < cal.window:
+            return True
+        if self._errors and float(np.median(self._errors)) > TIMING_ERROR_THRESHOLD:
+            return True
+        return self._timing_calls % TIMING_PERIOD == 0
+
+    # -- observability --------------------------------------------------------------------
+
+    def profile_dict(self) -> dict:
+        """Everything worth saving to skip the next sweep, as JSON-ready data."""
+        return {
+            "version": PROFILE_VERSION,
+            "model": self.model.to_dict() if self.model is not None else None,
+            "samples": {"sizes": list(self._sizes), "latencies_ms": list(self._latencies)},
+            "fit": self.fit.to_dict() if self.fit is not None else None,
+            "target_ms": self.predictor.target_ms,
+            "settings": self.settings.to_dict(),
+            "source": self.source,
+        }
+
+    def summary(self) -> dict:
+        cal = self.calibrator
+        errors = list(self._errors)
+        return {
+            "state": self.state.value,
+            "fallback_reason": self.fallback_reason,
+            "model": self.model.to_dict() if self.model is not None else None,
+            "target_ms": self.predictor.target_ms,
+            "steps_planned": self._steps_planned,
+            "fallback_steps": self._fallback_steps,
+            "steps_timed": self._steps_timed,
+            "median_prediction_error": float(np.median(errors)) if errors else None,
+            "failed_fits": cal.failed_fits if cal is not None else 0,
+            "accepted_fits": cal.accepted_fits if cal is not None else 0,
+            "rejected_rows": cal.rejected_rows if cal is not None else 0,
+            "calibration_rows": cal.n_rows if cal is not None else 0,
+        }
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _require(self, state: CppState, action: str) -> None:
+        if self.state != state:
+            raise RuntimeError(f"cannot {action} in state {self.state.value} "
+                               f"(expected {state.value})")
+
+    def _use_model(self, model: LatencyModel) -> None:
+        predictor = self.predictor.with_model(model)
+        if not predictor.ready:
+            self.model = model
+            self.predictor = predictor
+            self.planner = StepPlanner(predictor)
+            self._enter_fallback(f"the fitted model is unusable: {predictor.not_ready_reason}")
+            return
+        self.model = model
+        self.predictor = predictor
+        self.planner = StepPlanner(predictor)
+        if not self._failed_for_good:
+            self.state = CppState.CALIBRATING if self.calibrator is not None else CppState.READY
+            self.fallback_reason = ""
+
+    def _enter_fallback(self, reason: str) -> None:
+        self.state = CppState.FIXED_FALLBACK
+        self.fallback_reason = reason
+
+    def _build_report(self) -> None:
+        self.report = build_report(model=self.model, fit=self.fit, sizes=self._sizes,
+                                   latencies_ms=self._latencies, settings=self.settings,
+                                   predictor=self.predictor, state=self.state,
+                                   source=self.source, fallback_reason=self.fallback_reason)
+
+
+def _fit_from_dict(d: Mapping | None, model: LatencyModel) -> FitResult | None:
+    if not isinstance(d, Mapping):
+        return None
+
+    def number(key: str) -> float:
+        value = d.get(key)
+        return float(value) if isinstance(value, (int, float)) else math.nan
+
+    def count(key: str) -> int:
+        value = d.get(key)
+        return int(value) if isinstance(value, int) else 0
+
+    return FitResult(ok=bool(d.get("ok", True)), model=model, reason=str(d.get("reason", "")),
+                     r2=number("r2"), rel_residual=number("rel_residual"),
+                     n_samples=count("n_samples"), n_used=count("n_used"),
+                     n_rejected=count("n_rejected"), n_outliers=count("n_outliers"))

@@ -1,0 +1,228 @@
+"""The per-step token budget that makes vLLM's own scheduler produce a step of cost ``T``.
+
+vLLM's scheduler walks running requests, then waiting ones; each gets
+``n = min(need, prefill_cap if it is a prefill and prefill_cap > 0, budget_left)`` tokens, and
+the walk ends when ``budget_left`` reaches 0 (a request that would get 0 tokens ends it too).
+We do not replace that walk. We set two numbers before it runs: the step's token budget and
+the per-request prefill cap (vLLM's ``long_prefill_token_threshold``). :func:`simulate`
+replays the walk so the planner can see what a pair of numbers will schedule.
+
+Policy of :meth:`StepPlanner.plan` (``T`` = the step's target, chunk costs exclude ``c``):
+
+1. No usable model: the fallback plan, ``token_budget = max_budget``, ``prefill_cap = 0``
+   (exactly what vLLM would do without us).
+2. Decodes are never starved: every decode the walk reaches is scheduled even when decodes
+   alone exceed ``T``. Their tokens and cost are set aside first.
+3. The lead prefill (the first prefill in walk order) gets
+   ``predictor.next_chunk(history, remaining, budget=max_budget - decode tokens,
+   time_ms=T - decode cost)``. If the decodes already use all of ``T`` it still progresses,
+   with the smallest aligned chunk the predictor allows (``min_chunk`` rounded down to the
+   alignment, at least one aligned unit). The cap is that chunk, or 0 when the chunk finishes
+   the prompt (the budget alone then bounds whatever follows).
+4. The token budget is the number of tokens the walk schedules when it takes, in order, every
+   forced item (all decodes, the lead's chunk and any prefill between them) and then further
+   items while the step's predicted cost stays within ``T``; the item that would cross ``T``
+   gets the largest part that fits (aligned down when it is a prefill). The budget never
+   exceeds ``max_budget``. Setting it to exactly what is scheduled means a single prefill's
+   budget is its chunk.
+
+Forced prefills between decodes (several partially prefilled requests running at once) are
+charged at the cap and can push the step over ``T``; the plan says so through
+``predicted_ms``. The planner is O(number of candidates) per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .predictor import ChunkDecision, ChunkSizePredictor
+
+__all__ = ["Candidate", "PlannedItem", "StepPlan", "StepPlanner", "simulate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A request vLLM may schedule this step, in walk order.
+
+    ``remaining`` is the number of tokens it still wants: the rest of the prompt for a
+    prefill, usually 1 for a decode (more with speculative tokens).
+    """
+
+    req_id: str
+    history: int
+    remaining: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedItem:
+    req_id: str
+    history: int
+    tokens: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What to tell vLLM for one step and what we expect it to schedule.
+
+    ``items`` is :func:`simulate` under ``(token_budget, prefill_cap)``; ``predicted_ms``
+    includes ``c`` (NaN for a fallback plan without a model).
+    """
+
+    token_budget: int
+    prefill_cap: int
+    items: tuple[PlannedItem, ...]
+    predicted_ms: float
+    fallback: bool
+    reason: str = ""
+    lead: ChunkDecision | None = None
+
+    @property
+    def scheduled_tokens(self) -> int:
+        return sum(item.tokens for item in self.items)
+
+    def step_items(self) -> list[tuple[int, int]]:
+        """``(history, tokens)`` pairs, the form the latency model and calibrator take."""
+        return [(item.history, item.tokens) for item in self.items]
+
+
+def simulate(candidates: Sequence[Candidate], token_budget: int, prefill_cap: int,
+             max_requests: int | None = None) -> tuple[PlannedItem, ...]:
+    """Replay vLLM's walk under ``token_budget`` and ``prefill_cap`` (0 = no cap)."""
+    items: list[PlannedItem] = []
+    left = int(token_budget)
+    limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
+                                                                    int(max_requests)))
+    for i in range(limit):
+        if left <= 0:
+            break
+        cand = candidates[i]
+        n = cand.remaining
+        if cand.is_prefill and 0 < prefill_cap < n:
+            n = prefill_cap
+        if n > left:
+            n = left
+        if n <= 0:
+            break
+        items.append(PlannedItem(cand.req_id, cand.history, n, cand.is_prefill))
+        left -= n
+    return tuple(items)
+
+
+class StepPlanner:
+    """Chooses each step's ``(token_budget, prefill_cap)``; see the module docstring."""
+
+    def __init__(self, predictor: ChunkSizePredictor) -> None:
+        self.predictor = predictor
+
+    def _fallback(self, candidates: Sequence[Candidate], max_budget: int,
+                  max_requests: int | None, reason: str) -> StepPlan:
+        items = simulate(candidates, max_budget, 0, max_requests)
+        model = self.predictor.model
+        ms = model.step_ms([(it.history, it.tokens) for it in items]) if model else math.nan
+        return StepPlan(max_budget, 0, items, ms, fallback=True, reason=reason)
+
+    def _smallest_chunk(self, remaining: int, budget: int) -> ChunkDecision:
+        p = self.predictor
+        floor = max(p.min_chunk - p.min_chunk % p.alignment, p.alignment)
+        return ChunkDecision(min(floor, remaining, budget), fallback=False,
+                             clamp="decodes_fill_target")
+
+    def plan(self, candidates: Sequence[Candidate], *, max_budget: int,
+             max_requests: int | None = None, target_ms: float | None = None) -> StepPlan:
+        max_budget = int(max_budget)
+        if max_budget < 1:
+            raise ValueError(f"max_budget must be >= 1, got {max_budget}")
+        p = self.predictor
+        if not p.ready:
+            return self._fallback(candidates, max_budget, max_requests, p.not_ready_reason)
+        target = p.target_ms if target_ms is None else float(target_ms)
+        if target is None or not math.isfinite(target) or target <= 0:
+            return self._fallback(candidates, max_budget, max_requests,
+                                  f"the step target is not a positive number ({target!r} ms)")
+        model = p.model
+
+        # The part of the queue vLLM's walk can reach at all.
+        limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
+                                                                        int(max_requests)))
+        walk: list[Candidate] = []
+        lead_index = -1
+        last_decode = -1
+        decode_tokens = 0
+        decode_cost = 0.0
+        for i in range(limit):
+            cand = candidates[i]
+            if cand.remaining <= 0:
+                break
+            walk.append(cand)
+            if cand.is_prefill:
+                if lead_index < 0:
+                    lead_index = i
+            else:
+                last_decode = i
+                decode_tokens += cand.remaining
+                decode_cost += model.chunk_cost_ms(cand.history, cand.remaining)
+        if not walk:
+            return StepPlan(max_budget, 0, (), model.step_ms(()), fallback=False)
+
+        lead: ChunkDecision | None = None
+        cap = 0
+        if lead_index >= 0:
+            head = walk[lead_index]
+            before = sum(c.remaining for c in walk[:lead_index])
+            lead_budget = max_budget - decode_tokens
+            if lead_budget < 1:
+                # Decodes alone fill max_budget; the lead still gets a token if the ones
+                # before it leave room (the decodes after it are cut by vLLM, as without us).
+                lead_budget = min(1, max_budget - before)
+            if lead_budget >= 1:
+                lead_time = target - decode_cost
+                if lead_time > 0:
+                    lead = p.next_chunk(head.history, head.remaining, lead_budget, lead_time)
+                else:
+                    lead = self._smallest_chunk(head.remaining, lead_budget)
+                cap = lead.chunk if lead.chunk < head.remaining else 0
+
+        budget = self._budget(walk, cap, max_budget, target,
+                              max(last_decode, lead_index if lead is not None else -1))
+        items = simulate(candidates, budget, cap, max_requests)
+        ms = model.step_ms([(it.history, it.tokens) for it in items])
+        fallback = lead is not None and lead.fallback
+        return StepPlan(budget, cap, items, ms, fallback=fallback,
+                        reason=lead.reason if lead is not None else "", lead=lead)
+
+    def _budget(self, walk: list[Candidate], cap: int, max_budget: int, target: float,
+                last_forced: int) -> int:
+        """Tokens scheduled when forced items go in whole and the rest fill up to ``target``."""
+        p = self.predictor
+        model = p.model
+        used = 0
+        cost = 0.0
+        for i, cand in enumerate(walk):
+            n = cand.remaining
+            if cand.is_prefill and 0 < cap < n:
+                n = cap
+            room = max_budget - used
+            if room <= 0:
+                break
+            if i <= last_forced:
+                n = min(n, room)
+                used += n
+                cost += model.chunk_cost_ms(cand.history, n)
+                continue
+            item_cost = model.chunk_cost_ms(cand.history, n)
+            if n <= room and cost + item_cost <= target:
+                used += n
+                cost += item_cost
+                continue
+            # The item that crosses the target (or max_budget) gets what fits, then we stop.
+            fit = p.solve(cand.history, target - cost) if cost < target else None
+            part = 0 if fit is None else int(min(fit, n, room))
+            if part < n and cand.is_prefill:
+                part -= part % p.alignment
+            used += max(part, 0)
+            break
+        return max(used, 1)

@@ -1,0 +1,186 @@
+"""The per-engine CPP state the scheduler hook talks to.
+
+It turns vLLM's request queues into core `Candidate`s, hands the step's plan back, and turns
+each finished step (what was scheduled, what it measured) into calibration rows, trace lines
+and the once-a-minute summary. Every decision is made in `core/`; this module only translates.
+It reads vLLM objects by attribute through `compat`, and imports nothing from vLLM.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_ascend_cpp import compat
+from vllm_ascend_cpp.config import CppConfig, EngineFacts
+from vllm_ascend_cpp.core import (
+    Candidate,
+    CoreSettings,
+    CppState,
+    ProfilingChunkManager,
+    StepPlan,
+)
+from vllm_ascend_cpp.log import logger
+from vllm_ascend_cpp.trace import TraceWriter
+
+ACTIVE_STATES = (CppState.READY, CppState.CALIBRATING)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    items: list[tuple[str, int, int, bool]]  # (req_id, history, tokens, is_prefill)
+    plan: StepPlan | None
+    timed: bool
+    state: str
+
+
+def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
+    base = int(cfg.base_chunk or facts.max_num_batched_tokens)
+    return CoreSettings(
+        base_chunk=base,
+        smooth_factor=float(cfg.smooth_factor),
+        min_chunk=min(int(cfg.min_chunk or base), base),
+        block_size=facts.block_size,
+        num_samples=int(cfg.num_samples),
+        online_calibration=bool(cfg.online_calibration),
+        calibration_window=int(cfg.calibration_window),
+        max_failed_fits=int(cfg.max_failed_fits),
+        pp_size=facts.pp_size,
+        reference_prompt_len=min(8 * base, max(facts.max_model_len - 1, base)),
+    )
+
+
+class CppRuntime:
+    def __init__(self, cfg: CppConfig, facts: EngineFacts) -> None:
+        self.cfg = cfg
+        self.facts = facts
+        self.manager = ProfilingChunkManager(core_settings(cfg, facts))
+        self.trace = TraceWriter(cfg.trace_file) if cfg.trace_file else None
+        self.max_budget: int = facts.max_num_batched_tokens
+        self._step = 0
+        self._pending: dict[int, StepRecord] = {}
+        self._last_summary = time.monotonic()
+        self.plan_mismatches = 0
+        self.steps_planned = 0
+        self.steps_timed = 0
+        self.fallback_warned = False
+
+    # ----- before and after vLLM's schedule() --------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self.manager.state in ACTIVE_STATES
+
+    def plan(self, scheduler: Any) -> StepPlan | None:
+        """This step's budget and prefill cap, or None to leave vLLM's own limits alone."""
+        if not self.active:
+            return None
+        candidates = self.candidates(scheduler)
+        if not any(c.is_prefill for c in candidates):
+            return None  # decode-only steps: nothing to size, keep vLLM's budget
+        plan = self.manager.plan_step(candidates, max_budget=self.max_budget)
+        if plan.fallback:
+            return None
+        self.steps_planned += 1
+        return plan
+
+    def candidates(self, scheduler: Any) -> list[Candidate]:
+        out: list[Candidate] = []
+        for req in scheduler.running:
+            history, remaining, is_prefill = compat.request_progress(req)
+            if remaining > 0:
+                out.append(Candidate(req.request_id, history, remaining, is_prefill))
+        free_slots = int(scheduler.max_num_running_reqs) - len(scheduler.running)
+        for req in compat.waiting_requests(scheduler, free_slots):
+            history, remaining, is_prefill = compat.request_progress(req)
+            if remaining > 0:
+                out.append(Candidate(req.request_id, history, remaining, is_prefill))
+        return out
+
+    def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> None:
+        """Record what vLLM actually scheduled; mark the step for timing when sampled."""
+        self._step += 1
+        items: list[tuple[str, int, int, bool]] = []
+        requests = scheduler.requests
+        for req_id, n in output.num_scheduled_tokens.items():
+            req = requests.get(req_id)
+            if req is None:
+                continue
+            history = int(req.num_computed_tokens) - int(n)
+            is_prefill = history < int(req.num_prompt_tokens)
+            items.append((req_id, history, int(n), is_prefill))
+        if not items:
+            return
+        if plan is not None:
+            planned = {i.req_id: i.tokens for i in plan.items}
+            actual = {rid: n for rid, _, n, _ in items}
+            if planned != actual:
+                # vLLM had its reasons (KV blocks, encoder budget, ...); the trace shows both.
+                self.plan_mismatches += 1
+        timed = self.manager.should_time_step()
+        if timed:
+            setattr(output, compat.TIME_STEP_ATTR, True)
+        self._pending[id(output)] = StepRecord(
+            self._step, items, plan, timed, self.manager.state.value
+        )
+
+    def finished(self, output: Any, model_output: Any) -> None:
+        """The step's result is back: feed calibration, write the trace, maybe log."""
+        rec = self._pending.pop(id(output), None)
+        if rec is None:
+            return
+        measured = compat.read_step_ms(model_output) if rec.timed else None
+        if measured is not None:
+            self.steps_timed += 1
+            pairs = [(h, n) for _, h, n, _ in rec.items]
+            predicted = rec.plan.predicted_ms if rec.plan is not None else None
+            event = self.manager.record_step(pairs, measured, predicted)
+            if event is not None:
+                self._log_event(event)
+        if self.trace is not None:
+            self.trace.write_step(rec, measured, self.manager)
+        self._maybe_summary()
+
+    def forget(self, output: Any) -> None:
+        self._pending.pop(id(output), None)
+
+    # ----- logs ----------------------------------------------------------------------------
+
+    def _log_event(self, event: Any) -> None:
+        if event.kind == "gave_up":
+            logger.warning(
+                "[CPP] online calibration gave up after %d failed fits (%s); "
+                "using fixed chunks of %d tokens until a later window fits",
+                event.failed_fits, event.reason, self.manager.settings.base_chunk,
+            )
+        elif event.kind == "reenabled":
+            logger.info("[CPP] online calibration recovered: dynamic chunking is back on")
+        elif event.kind == "accepted":
+            m = event.model
+            logger.debug(
+                "[CPP] refit accepted: a=%.3g b=%.3g c=%.3g gamma=%.3g (rel. residual %.1f%%)",
+                m.a, m.b, m.c, m.gamma, 100 * event.rel_residual,
+            )
+
+    def _maybe_summary(self) -> None:
+        now = time.monotonic()
+        if now - self._last_summary < self.cfg.log_interval_s:
+            return
+        self._last_summary = now
+        logger.info("[CPP] %s", self.summary_line())
+
+    def summary_line(self) -> str:
+        s = self.manager.summary()
+        err = s.get("median_prediction_error")
+        err_txt = f"{100 * err:.1f}%" if isinstance(err, float) and err == err else "n/a"
+        return (
+            f"state={self.manager.state.value} steps_planned={self.steps_planned} "
+            f"steps_timed={self.steps_timed} median_pred_error={err_txt} "
+            f"failed_fits={s.get('failed_fits', 0)} plan_mismatches={self.plan_mismatches}"
+        )
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()

@@ -1,0 +1,148 @@
+"""Startup profiling, run once in the engine-core process after the engine is built.
+
+Prepare every worker (warm-up dummy run, step timer), then load the cached profile or run the
+sweep on every worker, fit, log the report and save it. Any failure leaves the engine serving
+with fixed chunks and one warning that says why: startup never fails because of profiling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from vllm_ascend_cpp import compat, profile_cache
+from vllm_ascend_cpp.config import CppConfig, EngineFacts
+from vllm_ascend_cpp.core import format_report
+from vllm_ascend_cpp.log import logger
+
+
+def slowest_stage(results: list[dict], n: int) -> tuple[list[float], dict]:
+    """Per size, the slowest worker's latency: the pipeline moves at its slowest stage."""
+    rows = []
+    for r in results:
+        if isinstance(r, dict) and r.get("error"):
+            where = f"pp{r.get('pp_rank', '?')}/tp{r.get('tp_rank', '?')}"
+            raise RuntimeError(f"worker {where}: {r['error']}")
+        lat = r.get("latencies_ms") if isinstance(r, dict) else None
+        if lat is None or len(lat) != n:
+            raise RuntimeError(f"a worker returned {len(lat or [])} timings for {n} sizes")
+        rows.append(np.asarray(lat, dtype=float))
+    table = np.vstack(rows)
+    with np.errstate(invalid="ignore"):
+        slowest = np.max(table, axis=0)
+    totals = [float(np.nansum(row)) for row in rows]
+    by_stage = {
+        f"pp{r.get('pp_rank', 0)}/tp{r.get('tp_rank', 0)}": round(t, 3)
+        for r, t in zip(results, totals)
+    }
+    return [float(x) for x in slowest], {"total_ms_by_worker": by_stage}
+
+
+def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
+    cfg: CppConfig = runtime.cfg
+    facts: EngineFacts = runtime.facts
+    manager = runtime.manager
+    started = time.monotonic()
+    if executor is None:
+        manager.fail("no executor was registered for this engine (unsupported vLLM layout)")
+        _warn_fallback(manager)
+        return
+    try:
+        prep = executor.collective_rpc(
+            compat.WORKER_PREPARE, kwargs={"timing": bool(cfg.online_calibration)}
+        )
+        errors = [p["error"] for p in prep if isinstance(p, dict) and p.get("error")]
+        if errors:
+            raise RuntimeError(errors[0])
+    except Exception as e:  # the engine must still work: fall back to vLLM's own warm-up
+        _warm_up_fallback(executor)
+        manager.fail(f"worker preparation failed: {_short(e)}")
+        _warn_fallback(manager)
+        return
+    how = prep[0].get("dummy_run", "?") if prep else "?"
+    sync = prep[0].get("sync", "?") if prep else "?"
+
+    fields = profile_cache.cache_key_fields(vllm_config, cfg, facts)
+    key = profile_cache.cache_key(fields)
+    cached = profile_cache.load(cfg.cache_dir, key)
+    if cached is not None:
+        try:
+            manager.load_profile(cached["profile"])
+        except Exception as e:
+            logger.warning("[CPP] cached profile unusable (%s); profiling again", _short(e))
+            cached = None
+        else:
+            logger.info(
+                "[CPP] loaded cached profile %s: startup sweep skipped",
+                profile_cache.cache_path(cfg.cache_dir or "", key),
+            )
+    if cached is None:
+        sizes = manager.sample_sizes()
+        manager.begin_profiling()
+        try:
+            results = executor.collective_rpc(
+                compat.WORKER_SWEEP, args=(sizes, int(cfg.sample_repeats))
+            )
+            latencies, stages = slowest_stage(list(results), len(sizes))
+        except Exception as e:
+            manager.fail(f"startup sweep failed on a worker: {_short(e)}")
+            _warn_fallback(manager)
+            return
+        fit = manager.finish_profiling(sizes, latencies)
+        if manager.report is not None:
+            manager.report["sweep"] = {
+                "dummy_batch": f"1 request of n tokens ({how})",
+                "device_sync": sync,
+                "workers": len(results),
+                "seconds": round(time.monotonic() - started, 2),
+                **stages,
+            }
+        if not fit.ok:
+            _warn_fallback(manager)
+            return
+        path = profile_cache.save(cfg.cache_dir, key, fields, manager.profile_dict())
+        if path:
+            logger.info("[CPP] profile saved to %s", path)
+    report = manager.report or {}
+    logger.info("%s", format_report(report))
+    _write_report_json(cfg, report)
+
+
+def _warm_up_fallback(executor: Any) -> None:
+    try:
+        executor.collective_rpc("execute_dummy_batch")
+    except Exception as e:
+        logger.warning("[CPP] fallback warm-up failed too: %s", _short(e))
+
+
+def _warn_fallback(manager: Any) -> None:
+    logger.warning(
+        "[CPP] dynamic chunking is off, serving with fixed chunks of %d tokens: %s",
+        manager.settings.base_chunk, manager.fallback_reason,
+    )
+
+
+def _write_report_json(cfg: CppConfig, report: dict) -> None:
+    target = None
+    if cfg.trace_file:
+        target = os.path.expanduser(cfg.trace_file) + ".report.json"
+    elif cfg.cache_dir:
+        target = os.path.join(cfg.cache_dir, "last-report.json")
+    if target is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        with open(target, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, default=str)
+        logger.info("[CPP] profiling report written to %s", target)
+    except OSError as e:
+        logger.warning("[CPP] could not write the profiling report to %s (%s)", target, e)
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}"
+    return text if len(text) < 300 else text[:297] + "..."

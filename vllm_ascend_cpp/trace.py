@@ -1,0 +1,64 @@
+"""`trace_file`: one JSON line per scheduled step, for tests, benchmarks and plots.
+
+Each line: step number, wall time, CPP state, the scheduled requests with `history` and
+`chunk`, the decode count, the planned budget and prefill cap, the predicted step time and,
+when the step was timed, the measured forward time of the last pipeline stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, TextIO
+
+
+class TraceWriter:
+    def __init__(self, path: str) -> None:
+        path = os.path.expanduser(path)
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        # Line-buffered: a reader (a test, `vllm-cpp report`) sees whole steps as they land.
+        self._fh: TextIO | None = open(path, "a", buffering=1, encoding="utf-8")
+        self.path = path
+
+    def write_step(self, rec: Any, measured_ms: float | None, manager: Any) -> None:
+        if self._fh is None:
+            return
+        plan = rec.plan
+        prefills = [
+            {"id": rid, "history": h, "chunk": n} for rid, h, n, pre in rec.items if pre
+        ]
+        line = {
+            "step": rec.step,
+            "time": round(time.time(), 6),
+            "state": rec.state,
+            "requests": prefills,
+            "decodes": sum(1 for *_, pre in rec.items if not pre),
+            "num_tokens": sum(n for _, _, n, _ in rec.items),
+            "planned_budget": plan.token_budget if plan is not None else None,
+            "prefill_cap": plan.prefill_cap if plan is not None else None,
+            "predicted_ms": _finite(plan.predicted_ms) if plan is not None else None,
+            "measured_ms": _finite(measured_ms),
+        }
+        if plan is None and manager.model is not None:
+            pairs = [(h, n) for _, h, n, _ in rec.items]
+            line["predicted_ms"] = _finite(manager.model.step_ms(pairs))
+        self._fh.write(json.dumps(line) + "\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _finite(x: float | None) -> float | None:
+    if x is None or x != x or x in (float("inf"), float("-inf")):
+        return None
+    return round(float(x), 4)
+
+
+def read_trace(path: str) -> list[dict]:
+    with open(os.path.expanduser(path), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

@@ -1,0 +1,1 @@
+"""Code that runs inside vLLM worker processes: the startup sweep and the step timer."""

@@ -1,0 +1,58 @@
+"""Time the forward of the steps the scheduler marked, on the worker that returns outputs.
+
+Only marked steps are timed, so unmarked steps run exactly as without CPP: no device
+synchronize, no extra work beyond one attribute read. The clock starts after this stage has
+received the previous stage's activations, so it measures this stage's forward and not its
+wait in the pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm_ascend_cpp import compat, faults
+
+_INSTALLED = "_cpp_step_timer"
+
+
+def install_step_timer(runner: Any) -> bool:
+    """Wrap `runner.execute_model` / `runner.sample_tokens` on this instance (idempotent)."""
+    if getattr(runner, _INSTALLED, False):
+        return False
+    execute_model = runner.execute_model
+    sample_tokens = getattr(runner, "sample_tokens", None)
+    _, sync = compat.device_synchronize_fn()
+    pending: list[float] = []
+
+    def timed_execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(scheduler_output, compat.TIME_STEP_ATTR, False):
+            return execute_model(scheduler_output, *args, **kwargs)
+        intermediate = args[0] if args else kwargs.get("intermediate_tensors")
+        compat.wait_for_pipeline_input(intermediate)
+        sync()
+        start = time.perf_counter()
+        out = execute_model(scheduler_output, *args, **kwargs)
+        sync()
+        ms = faults.measured_step_ms((time.perf_counter() - start) * 1000.0)
+        if out is not None and hasattr(out, "req_ids"):
+            return compat.attach_step_ms(out, ms)  # no separate sampling call follows
+        pending.clear()
+        pending.append(ms)
+        return out
+
+    timed_execute_model.__wrapped__ = execute_model  # type: ignore[attr-defined]
+    runner.execute_model = timed_execute_model
+
+    if sample_tokens is not None:
+
+        def timed_sample_tokens(*args: Any, **kwargs: Any) -> Any:
+            out = sample_tokens(*args, **kwargs)
+            if pending:
+                out = compat.attach_step_ms(out, pending.pop())
+            return out
+
+        timed_sample_tokens.__wrapped__ = sample_tokens  # type: ignore[attr-defined]
+        runner.sample_tokens = timed_sample_tokens
+    setattr(runner, _INSTALLED, True)
+    return True
