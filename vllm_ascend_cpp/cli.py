@@ -17,6 +17,7 @@ from typing import NoReturn
 from .core.latency_model import LatencyModel
 from .core.predictor import ChunkSizePredictor
 from .core.report import compare_plans, format_chunk_table
+from .demo import add_demo_parser
 
 PROG = "vllm-cpp"
 
@@ -154,6 +155,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
     add_plan_parser,
+    add_demo_parser,
 ]
 
 

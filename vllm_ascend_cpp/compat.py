@@ -8,8 +8,10 @@ and say what they fall back to.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import inspect
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 # Oldest vLLM whose surfaces we use (see tools/check_vllm_compat.py and docs/compatibility.md).
@@ -46,6 +48,17 @@ def vllm_version() -> tuple[int, ...] | None:
     except Exception:
         return None
     return parse_version(v)
+
+
+def loaded_vllm_version() -> tuple[int, ...] | None:
+    """The version of the vLLM this process has already imported, without importing it.
+
+    Scheduler-side helpers run inside vLLM (so it is loaded) and in unit tests on fakes
+    (where importing vLLM would cost seconds); None means "not loaded: assume the newest".
+    """
+    module = sys.modules.get("vllm")
+    text = getattr(module, "__version__", None) if module is not None else None
+    return parse_version(text) if isinstance(text, str) else None
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -108,43 +121,97 @@ def _truthy(value: Any) -> bool:
     return bool(value)
 
 
+def _env_flag(value: str | None) -> bool:
+    """vllm-ascend parses its flags with bool(int(value)), so "2" is on; words are accepted
+    too, because refusing to start is the safe reading of an odd value here."""
+    if value is None:
+        return False
+    try:
+        return bool(int(value.strip()))
+    except ValueError:
+        return _truthy(value)
+
+
+def _ascend_scheduler_section(additional: Any) -> Mapping[str, Any]:
+    sched = additional.get("scheduler_config") if isinstance(additional, Mapping) else None
+    return sched if isinstance(sched, Mapping) else {}
+
+
 def ascend_balance_scheduling(
     additional: Mapping[str, Any], environ: Mapping[str, str]
 ) -> str | None:
     """Describe vllm-ascend's balance scheduling switch when it is on, else None.
 
-    vllm-ascend reads `additional_config.scheduler_config.enable_balance_scheduling` (and, in
-    older releases, the top-level key) or the env var VLLM_ASCEND_BALANCE_SCHEDULING.
+    Where it is read differs by release, and we refuse it if ANY release would turn it on:
+    - 0.23.0 (ascend_config.py, `_get_config_value`): the top-level key
+      `enable_balance_scheduling` if present, else the env var VLLM_ASCEND_BALANCE_SCHEDULING
+      (`bool(int(...))`); an explicit `false` key overrides the env var.
+    - later (ascend_config.py `SchedulerConfig.from_additional_config`):
+      `scheduler_config.enable_balance_scheduling`, else the deprecated top-level key; the
+      env-var fallback is gone.
     """
-    sched = additional.get("scheduler_config") if isinstance(additional, Mapping) else None
-    if isinstance(sched, Mapping) and _truthy(sched.get("enable_balance_scheduling")):
+    nested = _ascend_scheduler_section(additional)
+    if _truthy(nested.get("enable_balance_scheduling", False)):
         return "additional_config.scheduler_config.enable_balance_scheduling = true"
-    if isinstance(additional, Mapping) and _truthy(additional.get("enable_balance_scheduling")):
+    top = additional if isinstance(additional, Mapping) else {}
+    if _truthy(top.get("enable_balance_scheduling", False)):
         return "additional_config.enable_balance_scheduling = true"
-    if _truthy(environ.get(ASCEND_BALANCE_ENV, "")):
+    if "enable_balance_scheduling" not in top and _env_flag(environ.get(ASCEND_BALANCE_ENV)):
         return f"{ASCEND_BALANCE_ENV}={environ.get(ASCEND_BALANCE_ENV)}"
     return None
 
 
 def ascend_profiling_chunk_enabled(additional: Mapping[str, Any]) -> str | None:
-    """Where vllm-ascend's own profiling chunk is enabled, else None.
+    """Where vllm-ascend's own profiling chunk (its CPP) is enabled, else None.
 
-    Since v0.25.1rc1 it lives under `scheduler_config`; the older top-level key still works
-    there with a deprecation warning, so both are checked.
+    0.23.0 reads only the top-level `profiling_chunk_config`; later releases read
+    `scheduler_config.profiling_chunk_config` first and fall back to the top-level key with a
+    deprecation warning. Either location enabled is refused, whatever the release.
     """
     if not isinstance(additional, Mapping):
         return None
-    sched = additional.get("scheduler_config")
-    nested = sched.get(ASCEND_PROFILING_KEY) if isinstance(sched, Mapping) else None
-    if isinstance(nested, Mapping) and _truthy(nested.get("enabled")):
+    nested = _ascend_scheduler_section(additional).get(ASCEND_PROFILING_KEY)
+    if isinstance(nested, Mapping) and _truthy(nested.get("enabled", False)):
         return f"scheduler_config.{ASCEND_PROFILING_KEY}"
     top = additional.get(ASCEND_PROFILING_KEY)
-    if isinstance(top, Mapping) and _truthy(top.get("enabled")):
+    if isinstance(top, Mapping) and _truthy(top.get("enabled", False)):
         return ASCEND_PROFILING_KEY
     return None
 
 
 # ----- scheduler surfaces -------------------------------------------------------------------
+#
+# What differs between the vLLM releases checked by tools/check_vllm_compat.py (0.23 .. 0.32):
+# - schedule() takes `throttle_prefills` from 0.25 on: our subclass passes *args/**kwargs.
+# - the waiting queues: `waiting` + `skipped_waiting` up to 0.30; `kv_holding_waiting` +
+#   `waiting` (+ the `deferred_waiting` tag set) in 0.32: see waiting_requests().
+# - the admission limit: `max_num_running_reqs` up to 0.30, `max_num_active_reqs` in 0.32,
+#   and paused streaming sessions count against it from 0.25: see admission_slots().
+# - the long-prefill cap: read from scheduler_config inside both loops up to 0.30; read once
+#   at the top of schedule() in 0.32, only when more than one request is eligible, and floored
+#   by `input_budget // num_eligible` when `long_prefill_token_threshold_adaptive` is on: see
+#   step_limits().
+# - 0.30 adds `input_budget` (scheduler_config.max_num_batched_tokens), a second cap beside
+#   `token_budget`; lowering `max_num_scheduled_tokens` still lowers the step, which is all
+#   step_limits() does (it never raises the budget above vLLM's own).
+# - SchedulerConfig fields come and go (`max_num_partial_prefills` up to 0.27,
+#   `max_num_active_seqs` and `long_prefill_token_threshold_adaptive` in 0.32): every read of
+#   an optional field goes through getattr with vLLM's default.
+
+SCHEDULER_CONFIG_DEFAULTS: dict[str, Any] = {
+    "long_prefill_token_threshold": 0,
+    "long_prefill_token_threshold_adaptive": False,
+    "max_num_scheduled_tokens": None,
+    "max_num_active_seqs": None,
+    "max_num_partial_prefills": 1,
+    "async_scheduling": False,
+    "policy": "fcfs",
+}
+
+
+def scheduler_config_value(scheduler_config: Any, name: str) -> Any:
+    """A SchedulerConfig field that not every vLLM release has, with that release's default."""
+    return getattr(scheduler_config, name, SCHEDULER_CONFIG_DEFAULTS.get(name))
 
 
 @contextlib.contextmanager
@@ -152,13 +219,16 @@ def step_limits(scheduler: Any, token_budget: int, prefill_cap: int) -> Iterator
     """Set this step's token budget and per-request prefill cap around one schedule() call.
 
     vLLM's schedule() starts from `self.max_num_scheduled_tokens` and caps each prefill at
-    `scheduler_config.long_prefill_token_threshold`; both are read per call, so setting them
-    for the duration of the call steers it without copying it. The adaptive floor (newer vLLM)
-    would raise our cap, so it is off for the call. Everything is restored afterwards.
+    `scheduler_config.long_prefill_token_threshold`; both are read during the call (0.32 reads
+    the cap once at its top, earlier releases in each loop), so setting them for the duration
+    of the call steers it without copying it. 0.32 ignores the cap when only one request is
+    eligible; the plan's budget is then that request's chunk, so the step is the same. The
+    adaptive floor (0.32) would raise our cap, so it is off for the call. Everything is
+    restored afterwards, also when schedule() raises.
     """
     sched_cfg = scheduler.scheduler_config
     old_budget = scheduler.max_num_scheduled_tokens
-    old_cap = sched_cfg.long_prefill_token_threshold
+    old_cap = scheduler_config_value(sched_cfg, "long_prefill_token_threshold")
     has_adaptive = hasattr(scheduler, "adaptive_long_prefill_threshold")
     old_adaptive = scheduler.adaptive_long_prefill_threshold if has_adaptive else None
     scheduler.max_num_scheduled_tokens = int(token_budget)
@@ -187,24 +257,84 @@ def request_progress(request: Any) -> tuple[int, int, bool]:
     return computed, max(remaining, 0), is_prefill
 
 
+def admission_limit(scheduler: Any) -> int:
+    """How many requests may be active once waiting ones are admitted.
+
+    0.32 admits up to `max_num_active_reqs` (scheduler_config.max_num_active_seqs, default
+    max_num_seqs); earlier releases up to `max_num_running_reqs` (max_num_seqs).
+    """
+    limit = getattr(scheduler, "max_num_active_reqs", None)
+    if limit is None:
+        limit = scheduler.max_num_running_reqs
+    return int(limit)
+
+
+def admission_slots(scheduler: Any) -> int:
+    """How many waiting requests schedule() can still admit this step (before budgets).
+
+    Paused streaming sessions hold a model-runner slot without being in `running`; vLLM counts
+    them against the limit from 0.25 on (0.23 compares len(running) alone).
+    """
+    used = len(scheduler.running)
+    version = loaded_vllm_version()
+    if version is None or version[:2] >= (0, 25):
+        used += int(getattr(scheduler, "num_waiting_for_streaming_input", 0) or 0)
+    return max(0, admission_limit(scheduler) - used)
+
+
 def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
-    """The first `limit` waiting requests in the order schedule() admits them."""
-    out: list[Any] = []
+    """The first `limit` waiting requests in the order schedule() admits them.
+
+    0.32: `kv_holding_waiting` is always drained before `waiting` (deferred requests stay in
+    those queues, tagged in the `deferred_waiting` set). Up to 0.30: `skipped_waiting` comes
+    first under FCFS; under the priority policy the two queue heads are compared at each pick,
+    which is a merge of the two priority orders. Requests blocked on remote KV or a grammar are
+    kept: schedule() may unblock them in the same call, and we cannot tell beforehand.
+    """
     if limit <= 0:
-        return out
-    queues = [getattr(scheduler, "kv_holding_waiting", None), getattr(scheduler, "waiting", None)]
-    for queue in queues:
-        if not queue:
-            continue
-        try:
-            ordered = sorted(queue) if _is_priority_queue(queue) else list(queue)
-        except TypeError:
-            ordered = list(queue)
-        for req in ordered:
-            out.append(req)
-            if len(out) >= limit:
-                return out
+        return []
+    kv_holding = getattr(scheduler, "kv_holding_waiting", None)
+    skipped = getattr(scheduler, "skipped_waiting", None)
+    waiting = getattr(scheduler, "waiting", None)
+    order: Iterable[Any]
+    if kv_holding is not None:
+        order = _chain(kv_holding, waiting)
+    elif skipped and waiting and _priority_policy(scheduler, waiting):
+        order = heapq.merge(_ordered(skipped), _ordered(waiting))
+    else:
+        order = _chain(skipped, waiting)
+    out: list[Any] = []
+    for req in order:
+        out.append(req)
+        if len(out) >= limit:
+            break
     return out
+
+
+def _chain(*queues: Any) -> Iterator[Any]:
+    for queue in queues:
+        if queue:
+            yield from _ordered(queue)
+
+
+def _ordered(queue: Any) -> list[Any]:
+    """A queue in pop order: vLLM's priority queue iterates its heap in order already; a bare
+    heap list (older shapes) is sorted by Request.__lt__ (priority, arrival time, id)."""
+    items = list(queue)
+    if _is_priority_queue(queue):
+        try:
+            items = sorted(items)
+        except TypeError:
+            pass
+    return items
+
+
+def _priority_policy(scheduler: Any, queue: Any) -> bool:
+    policy = getattr(scheduler, "policy", None)
+    value = getattr(policy, "value", policy)
+    if isinstance(value, str):
+        return value == "priority"
+    return _is_priority_queue(queue)
 
 
 def _is_priority_queue(queue: Any) -> bool:
@@ -214,19 +344,21 @@ def _is_priority_queue(queue: Any) -> bool:
 # ----- worker surfaces ----------------------------------------------------------------------
 
 
-def device_synchronize_fn() -> tuple[str, Any]:
+def device_synchronize_fn(platform: Any = None) -> tuple[str, Any]:
     """(name, zero-argument sync function) for this process's accelerator.
 
     On the CPU a forward returns when it is done, so there is nothing to wait for. On NPUs the
-    sync comes from torch_npu (it registers `torch.npu`); on CUDA/ROCm from torch.cuda.
+    sync is `torch.npu.synchronize`, which exists once torch_npu is imported (vllm-ascend's
+    worker module imports it; if it has not been, it is imported here, and its own `npu`
+    module is used if torch still has none). On CUDA/ROCm/XPU it is torch.<device>.synchronize.
+    `platform` is vLLM's `current_platform` unless given (tests pass a stand-in).
     """
-    device_type = ""
-    try:
-        from vllm.platforms import current_platform
-
-        device_type = str(getattr(current_platform, "device_type", "") or "")
-    except Exception:
-        pass
+    if platform is None:
+        try:
+            from vllm.platforms import current_platform as platform
+        except Exception:
+            platform = None
+    device_type = str(getattr(platform, "device_type", "") or "")
     if device_type in ("", "cpu"):
         return "none", _no_sync
     try:
@@ -234,6 +366,12 @@ def device_synchronize_fn() -> tuple[str, Any]:
     except Exception:
         return "none", _no_sync
     module = getattr(torch, device_type, None)
+    if module is None and device_type == "npu":
+        try:
+            import torch_npu
+        except Exception:
+            torch_npu = None
+        module = getattr(torch, "npu", None) or getattr(torch_npu, "npu", None)
     sync = getattr(module, "synchronize", None)
     if sync is None:
         return "none", _no_sync
@@ -251,28 +389,54 @@ def dummy_run_params(runner: Any) -> set[str]:
         return set()
 
 
-def one_request_dummy_run(runner: Any) -> tuple[str, Any]:
+def _only_known(params: set[str], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the keyword arguments `_dummy_run` names: V1 runners reject unknown ones (0.23 and
+    0.25 have no `randomize_inputs`), and V2's **kwargs would swallow them without effect."""
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+def one_request_dummy_run(runner: Any) -> tuple[str, Callable[[int], Any]]:
     """(how, run(num_tokens)) that times ONE request of num_tokens with attention computed.
 
-    vllm-ascend's runner takes `profile_cpp=True` for exactly this. vLLM's generic
-    `_dummy_run` spreads the tokens over up to `max_num_seqs` requests, so there we lower
-    `max_num_seqs` to 1 for the duration of the call (it is read per call).
+    Three runner shapes (tests/unit/test_compat.py and tests/fakes/ascend.py mirror each):
+    - vllm-ascend's V1 `NPUModelRunner._dummy_run(..., force_attention, ..., profile_cpp)`
+      (worker/model_runner_v1.py, 0.23.0): `profile_cpp=True` makes one request of
+      num_tokens; called exactly as vllm-ascend's own `NPUWorker.profile_prefill_latency`
+      calls it (force_attention=True, profile_cpp=True, no is_profile: on Ascend is_profile
+      sets `in_profile_run`, which forces MoE load balancing).
+    - vLLM's V1 `GPUModelRunner._dummy_run(num_tokens, ..., force_attention, ..., is_profile,
+      ...)` (also the CPU runner and vllm-ascend's 310P runner): it spreads the tokens over
+      `scheduler_config.max_num_seqs` requests, so that is 1 for the call; force_attention
+      builds attention metadata; is_profile keeps the dummy tokens real (not padding) and the
+      run eager; randomize_inputs (0.27+) gives MoE layers varied token ids, as real text.
+    - vLLM's V2 `GPUModelRunner._dummy_run(num_tokens, *args, skip_attn=False, ..., **kwargs)`
+      (worker/gpu/model_runner.py; the V2 CPU and vllm-ascend V2 runners inherit it): it
+      spreads over `self.max_num_reqs`, so that is 1 for the call. It has no force_attention
+      (its **kwargs would swallow one): attention metadata is built unless skip_attn=True,
+      and we leave skip_attn at False, so attention runs.
     """
     params = dummy_run_params(runner)
     if "profile_cpp" in params:
-        kwargs = {"force_attention": True, "profile_cpp": True}
-        if "is_profile" in params:
-            kwargs["is_profile"] = True
+        kwargs = _only_known(params, {"force_attention": True, "profile_cpp": True})
         return "profile_cpp", lambda n: runner._dummy_run(n, **kwargs)
-    kwargs = {}
+    wanted = {"is_profile": True, "randomize_inputs": True}
     if "force_attention" in params:
-        kwargs["force_attention"] = True
-    if "is_profile" in params:
-        kwargs["is_profile"] = True
-    how = "max_num_seqs=1" + (", force_attention" if "force_attention" in kwargs else "")
+        kwargs = _only_known(params, {"force_attention": True, **wanted})
+        how = "max_num_seqs=1, force_attention"
+        limit = _one_seq
+    elif "skip_attn" in params:
+        kwargs = _only_known(params, {"skip_attn": False, **wanted})
+        how = "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"
+        limit = _one_req
+    else:
+        # A shape we have not seen: limit both places a runner may read the request count,
+        # and say that attention is not known to be forced.
+        kwargs = _only_known(params, wanted)
+        how = "unknown _dummy_run signature: max_num_seqs=1, attention not forced"
+        limit = _one_seq_and_req
 
     def run(n: int) -> Any:
-        with _one_seq(runner):
+        with limit(runner):
             return runner._dummy_run(n, **kwargs)
 
     return how, run
@@ -287,6 +451,26 @@ def _one_seq(runner: Any) -> Iterator[None]:
         yield
     finally:
         object.__setattr__(cfg, "max_num_seqs", old)
+
+
+@contextlib.contextmanager
+def _one_req(runner: Any) -> Iterator[None]:
+    old = runner.max_num_reqs
+    runner.max_num_reqs = 1
+    try:
+        yield
+    finally:
+        runner.max_num_reqs = old
+
+
+@contextlib.contextmanager
+def _one_seq_and_req(runner: Any) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        if hasattr(getattr(runner, "scheduler_config", None), "max_num_seqs"):
+            stack.enter_context(_one_seq(runner))
+        if hasattr(runner, "max_num_reqs"):
+            stack.enter_context(_one_req(runner))
+        yield
 
 
 def wait_for_pipeline_input(intermediate_tensors: Any) -> None:

@@ -17,7 +17,9 @@ from vllm_ascend_cpp.log import logger
 
 CONFIG_KEY = "cpp_config"
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "vllm-ascend-cpp", "profiles")
-TARGET_MODES = ("base", "auto")
+# "fixed" profiles, times and traces but leaves vLLM's fixed chunks alone: an A/B baseline
+# measured through exactly the same code path.
+TARGET_MODES = ("base", "auto", "fixed")
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any
 
 
-def add_parser(sub: Any) -> None:
+def add_demo_parser(sub: Any) -> Any:
     p = sub.add_parser("demo", help="run a real vLLM CPU engine (PP=2) with CPP on")
     p.add_argument("--prompt-len", type=int, default=12288)
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--workdir", default=None, help="where the model, trace and cache go")
     p.add_argument("--skip-fixed", action="store_true", help="do not run the fixed engine")
-    p.set_defaults(func=run)
+    p.set_defaults(run=run)
+    return p
 
 
 def _prefill_rows(trace: list[dict]) -> list[dict]:
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm_ascend_cpp.trace import read_trace
 
     if args.prompt_len < 1 or args.budget < 64:
-        print("vllm-cpp: error: --prompt-len must be >= 1 and --budget >= 64")
+        print("vllm-cpp: error: --prompt-len must be >= 1 and --budget >= 64", file=sys.stderr)
         return 2
     work = args.workdir or tempfile.mkdtemp(prefix="cpp-demo-")
     os.makedirs(work, exist_ok=True)

@@ -5,8 +5,11 @@ Documented as a testing hook (docs/troubleshooting.md); operators never set it. 
 - `sweep_raise`: every worker raises inside the startup sweep.
 - `sweep_nan`, `sweep_inf`, `sweep_zero`, `sweep_negative`: every sweep latency becomes that.
 - `sweep_flat`: every sweep latency is the same number.
-- `sweep_noisy`: each sweep latency is multiplied by a random factor in [0.5, 1.5].
+- `sweep_noisy`: every sweep latency is 50% off, alternately too high and too low (a random
+  factor would sometimes leave most samples on one side, which a robust fit calls outliers).
 - `sweep_falling`: latencies fall as the chunk grows (a fit would need a negative slope).
+- `sweep_concave`: latencies rise ever more slowly with the chunk, so an unconstrained
+  quadratic fit has a negative `a` (the constrained fit pins `a` at 0).
 - `calib_noise`: measured step times become random, so no online fit passes its gates.
 """
 
@@ -18,7 +21,7 @@ import random
 ENV = "VLLM_CPP_TEST_FAULT"
 KNOWN = (
     "sweep_raise", "sweep_nan", "sweep_inf", "sweep_zero", "sweep_negative",
-    "sweep_flat", "sweep_noisy", "sweep_falling", "calib_noise",
+    "sweep_flat", "sweep_noisy", "sweep_falling", "sweep_concave", "calib_noise",
 )
 
 
@@ -42,11 +45,13 @@ def sweep_latencies(sizes: list[int], latencies_ms: list[float]) -> list[float]:
     if fault == "sweep_flat":
         return [5.0] * len(latencies_ms)
     if fault == "sweep_noisy":
-        rng = random.Random(0)
-        return [x * rng.uniform(0.5, 1.5) for x in latencies_ms]
+        return [x * (1.5 if i % 2 == 0 else 0.5) for i, x in enumerate(latencies_ms)]
     if fault == "sweep_falling":
         top = max(sizes)
         return [1.0 + 50.0 * (top - n) / top for n in sizes]
+    if fault == "sweep_concave":
+        top = max(sizes)
+        return [5.0 + 60.0 * (n / top) - 30.0 * (n / top) ** 2 for n in sizes]
     return latencies_ms
 
 

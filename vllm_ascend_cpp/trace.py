@@ -1,8 +1,9 @@
 """`trace_file`: one JSON line per scheduled step, for tests, benchmarks and plots.
 
 Each line: step number, wall time, CPP state, the scheduled requests with `history` and
-`chunk`, the decode count, the planned budget and prefill cap, the predicted step time and,
-when the step was timed, the measured forward time of the last pipeline stage.
+`chunk`, the decode count, the planned budget and prefill cap, the predicted step time,
+when the step was timed, the measured forward time of the last pipeline stage, and (with
+online calibration) the refit attempts and consecutive failed fits so far.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class TraceWriter:
             "predicted_ms": _finite(plan.predicted_ms) if plan is not None else None,
             "measured_ms": _finite(measured_ms),
         }
+        cal = getattr(manager, "calibrator", None)
+        if cal is not None:
+            # Refit attempts and consecutive failures so far: bounded retries are visible.
+            line["fit_attempts"] = cal.attempts
+            line["failed_fits"] = cal.failed_fits
         if plan is None and manager.model is not None:
             pairs = [(h, n) for _, h, n, _ in rec.items]
             line["predicted_ms"] = _finite(manager.model.step_ms(pairs))

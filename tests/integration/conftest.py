@@ -62,6 +62,7 @@ def run_engine_job(
     batches: list[dict],
     env: dict | None = None,
     timeout: int = 900,
+    driver: str = "sync",
 ) -> EngineRun:
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
@@ -69,7 +70,8 @@ def run_engine_job(
     )
     engine = dict(engine)
     engine.setdefault("model_dir", str(workdir.parent / "tiny-llama"))
-    spec_path.write_text(json.dumps({"engine": engine, "batches": batches, "env": env or {}}))
+    spec_path.write_text(json.dumps(
+        {"engine": engine, "batches": batches, "env": env or {}, "driver": driver}))
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, str(JOB), str(spec_path), str(result_path)],
@@ -96,3 +98,41 @@ def cpp_on(workdir: Path, **extra: object) -> dict:
         "profile_cache_dir": str(workdir.parent / "profiles"),
         **extra,
     }
+
+
+SWEEP_SIZES = (1024, 2048, 4096)
+
+
+def sweep_accuracy_job(workdir: Path) -> dict:
+    """An engine whose sweep covers 4k, then 4 real single prefills of 1k, 2k and 4k tokens
+    (the first of each pays one-time allocation of larger buffers and is not compared)."""
+    batches = [{"lengths": [n] * 4, "seed": 7, "max_tokens": 1, "concurrent": False}
+               for n in SWEEP_SIZES]
+    engine = {"max_num_batched_tokens": 4096, "max_model_len": 16384, "dtype": "float32",
+              "cpp_config": cpp_on(workdir, sample_repeats=3,
+                                   profile_cache_dir=str(workdir / "profiles"))}
+    return {"engine": engine, "batches": batches}
+
+
+def sweep_accuracy_rows(run: EngineRun) -> list[dict]:
+    from statistics import median
+
+    from vllm_ascend_cpp.core import LatencyModel
+
+    model = LatencyModel.from_dict(run.report()["coefficients"])
+    assert model.a > 0, "the sweep saw no attention (a = 0)"
+    measured: dict[int, list[float]] = {n: [] for n in SWEEP_SIZES}
+    for line in run.trace():
+        reqs = line["requests"]
+        if len(reqs) == 1 and reqs[0]["history"] == 0 and line["decodes"] == 0:
+            n = reqs[0]["chunk"]
+            if n in measured and line["measured_ms"]:
+                measured[n].append(line["measured_ms"])
+    rows = []
+    for n in SWEEP_SIZES:
+        assert len(measured[n]) >= 2, f"no timed {n}-token prefill in the trace"
+        real = median(measured[n][1:])
+        pred = model.request_ms(0, n)
+        rows.append({"tokens": n, "predicted_ms": pred, "real_ms": real,
+                     "rel_error": (pred - real) / real})
+    return rows

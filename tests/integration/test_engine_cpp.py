@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import EngineRun, cpp_on, run_engine_job
-from vllm_ascend_cpp.core import LatencyModel
+from tests.integration.conftest import (
+    EngineRun,
+    cpp_on,
+    run_engine_job,
+    sweep_accuracy_job,
+    sweep_accuracy_rows,
+)
 
 # 20 prompts from 100 to 12k tokens, for CPP on vs off.
 MIXED_LENGTHS = [100, 12000, 350, 7000, 1500, 9000, 64, 3000, 11000, 500,
@@ -115,32 +120,20 @@ def test_online_calibration_reports_prediction_error(cpp_run: EngineRun) -> None
 
 
 def test_sweep_predicts_real_prefills(engine_root: Path) -> None:
-    """The sweep times one request with attention: its fit predicts real prefills."""
+    """The sweep times ONE request with attention: its fit predicts real single prefills.
+
+    Spread over max_num_seqs requests (vLLM's default dummy batch) the attention area would be
+    ~16x smaller and a 4k prefill would be predicted several times too fast; the band below
+    catches that without being a timing assertion on a shared machine. The 15% accuracy
+    figure is measured on a quiet machine by benchmarks/sweep_accuracy.py.
+    """
     wd = engine_root / "predict"
-    sizes = [1024, 2048, 4096]
-    # 4 runs of each size: the first pays one-time allocation of the larger buffers.
-    batches = [{"lengths": [n] * 4, "seed": 7, "max_tokens": 1, "concurrent": False}
-               for n in sizes]
-    run = run_engine_job(
-        wd, engine=_engine(wd, cpp_on(wd, sample_repeats=3), max_num_batched_tokens=4096),
-        batches=batches,
-    )
-    model = LatencyModel.from_dict(run.report()["coefficients"])
-    assert model.a > 0
-    measured: dict[int, list[float]] = {n: [] for n in sizes}
-    for line in run.trace():
-        reqs = line["requests"]
-        if len(reqs) == 1 and reqs[0]["history"] == 0 and line["decodes"] == 0:
-            n = reqs[0]["chunk"]
-            if n in measured and line["measured_ms"]:
-                measured[n].append(line["measured_ms"])
-    for n in sizes:
-        assert measured[n], f"no timed {n}-token prefill in the trace"
-        real = statistics.median(measured[n][1:])
-        pred = model.request_ms(0, n)
-        print(f"{n:5d} tokens: sweep fit predicts {pred:7.2f} ms, real prefill {real:7.2f} ms "
-              f"({100 * (pred - real) / real:+.1f}%)")
-        assert abs(pred - real) / real <= 0.15
+    run = run_engine_job(wd, **sweep_accuracy_job(wd))
+    rows = sweep_accuracy_rows(run)
+    for row in rows:
+        print(f"{row['tokens']:5d} tokens: sweep fit predicts {row['predicted_ms']:7.2f} ms, "
+              f"real prefill {row['real_ms']:7.2f} ms ({100 * row['rel_error']:+.1f}%)")
+        assert 0.5 <= row["predicted_ms"] / row["real_ms"] <= 2.0
 
 
 def test_failed_sweep_still_serves_with_one_warning(engine_root: Path) -> None:

@@ -177,3 +177,38 @@ def test_fit_rows_refuses_collinear_steps():
         ms.append(TRUE.step_ms(items))
     fit = fit_rows(np.array(rows), ms)
     assert not fit.ok and "rank" in fit.reason
+
+
+# -- never raises on garbage ------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+any_float = st.floats(allow_nan=True, allow_infinity=True, width=64)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.one_of(any_float, st.integers(-10, 10**6).map(float)), any_float),
+                max_size=40))
+def test_fit_startup_never_raises_and_never_returns_negative_work(pairs):
+    sizes = [s for s, _ in pairs]
+    lat = [t for _, t in pairs]
+    fit = fit_startup(sizes, lat)
+    assert fit.n_samples == len(pairs)
+    assert fit.n_used + fit.n_rejected + fit.n_outliers == len(pairs) or not fit.ok
+    if fit.ok:
+        assert fit.model.a >= 0 and fit.model.b >= 0 and fit.model.c >= 0
+        assert fit.model.a > 0 or fit.model.b > 0
+    else:
+        assert fit.model is None and fit.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**4), st.integers(0, 10**5),
+                          st.floats(0.01, 1e4)), min_size=0, max_size=60))
+def test_fit_rows_never_raises(rows):
+    X = [[1.0, float(L), float(x), float(2 * L * x + x * x)] for L, x, _, _ in rows]
+    y = [ms for *_, ms in rows]
+    fit = fit_rows(np.array(X).reshape(-1, 4), y)
+    if fit.ok:
+        assert fit.model.is_physical

@@ -211,20 +211,28 @@ physical_models = st.builds(
 )
 
 
+_bases = st.one_of(st.integers(1, 256), st.integers(256, 65536))
+_min_chunks = st.one_of(st.just(4096), st.integers(0, 1024), st.integers(0, 65536))
+_blocks = st.sampled_from([1, 16, 32, 64, 128, 256, 512])
+_smooths = st.one_of(st.just(1.0), st.floats(0.01, 1.0))
+_targets = st.one_of(st.none(), st.none(), st.none(), log_uniform(1e-3, 1e4))
+_histories = st.one_of(st.just(0), st.integers(0, 10**5), st.integers(0, 10**7))
+
+
 @st.composite
 def plan_cases(draw):
     model = draw(physical_models)
-    base = draw(st.one_of(st.integers(1, 256), st.integers(256, 65536)))
-    min_chunk = draw(st.one_of(st.just(4096), st.integers(0, 1024), st.integers(0, 65536)))
-    block = draw(st.sampled_from([1, 16, 32, 64, 128, 256, 512]))
-    smooth = draw(st.one_of(st.just(1.0), st.floats(0.01, 1.0)))
+    base = draw(_bases)
+    min_chunk = draw(_min_chunks)
+    block = draw(_blocks)
+    smooth = draw(_smooths)
     budget = draw(st.one_of(st.just(base), st.integers(base, 4 * base), st.integers(1, 131072)))
-    explicit = draw(st.one_of(st.none(), st.none(), st.none(), log_uniform(1e-3, 1e4)))
+    explicit = draw(_targets)
     p = ChunkSizePredictor(model, base_chunk=base, smooth_factor=smooth, min_chunk=min_chunk,
                            block_size=block, target_ms=explicit)
     prompt = draw(st.one_of(st.integers(1, 12 * min(base, budget) + 64),
                             st.integers(4 * min(base, budget), 16 * min(base, budget) + 64)))
-    history = draw(st.one_of(st.just(0), st.integers(0, 10**5), st.integers(0, 10**7)))
+    history = draw(_histories)
     return p, prompt, budget, history
 
 
@@ -277,27 +285,29 @@ def test_plan_properties(case):
                 1 + 1e-9)
 
 
-@st.composite
-def extreme_cases(draw):
-    wide = st.one_of(st.just(0.0), st.floats(5e-324, 1e300), st.floats(-1e300, -5e-324))
-    model = draw(st.one_of(st.none(), st.builds(LatencyModel, a=wide, b=wide, c=wide,
-                                                gamma=wide)))
-    base = draw(st.integers(1, 2**40))
-    p = ChunkSizePredictor(
-        model, base_chunk=base,
-        smooth_factor=draw(st.floats(1e-9, 1.0)),
-        min_chunk=draw(st.integers(0, 2**40)),
-        block_size=draw(st.integers(1, 2**20)),
-        target_ms=draw(st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))))
-    history = draw(st.integers(0, 2**62))
-    remaining = draw(st.integers(0, 2**40))
-    budget = draw(st.one_of(st.none(), st.integers(-5, 2**40)))
-    time_ms = draw(st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)))
-    return p, history, remaining, budget, time_ms
+# Strategies are built once: constructing them inside a composite costs more than the test.
+_wide = st.one_of(st.just(0.0), st.floats(5e-324, 1e300), st.floats(-1e300, -5e-324))
+_any_float = st.floats(allow_nan=True, allow_infinity=True)
+_extreme_predictors = st.builds(
+    ChunkSizePredictor,
+    st.one_of(st.none(), st.builds(LatencyModel, a=_wide, b=_wide, c=_wide, gamma=_wide)),
+    base_chunk=st.integers(1, 2**40),
+    smooth_factor=st.floats(1e-9, 1.0),
+    min_chunk=st.integers(0, 2**40),
+    block_size=st.integers(1, 2**20),
+    target_ms=st.one_of(st.none(), _any_float),
+)
+extreme_cases = st.tuples(
+    _extreme_predictors,
+    st.integers(0, 2**62),
+    st.integers(0, 2**40),
+    st.one_of(st.none(), st.integers(-5, 2**40)),
+    st.one_of(st.none(), _any_float),
+)
 
 
 @MANY
-@given(extreme_cases())
+@given(extreme_cases)
 def test_next_chunk_always_progresses_and_never_raises(case):
     p, history, remaining, budget, time_ms = case
     d = p.next_chunk(history, remaining, budget, time_ms)

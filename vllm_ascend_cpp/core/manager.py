@@ -23,6 +23,7 @@ from enum import Enum
 
 import numpy as np
 
+from .auto_target import AutoTarget, AutoTargetTracker
 from .calibrator import CalibrationEvent, OnlineCalibrator
 from .fit import MIN_SAMPLES, FitResult, fit_startup
 from .latency_model import LatencyModel
@@ -33,6 +34,7 @@ from .step_planner import Candidate, StepPlan, StepPlanner, simulate
 __all__ = ["CppState", "CoreSettings", "ProfilingChunkManager", "PROFILE_VERSION"]
 
 PROFILE_VERSION = 1
+TARGET_MODES = ("base", "auto")
 # Timing a step costs a device sync; once the model is trusted, one step in this many is
 # enough to notice drift.
 TIMING_PERIOD = 16
@@ -64,6 +66,8 @@ class CoreSettings:
     max_failed_fits: int = 8
     pp_size: int = 2
     reference_prompt_len: int | None = None
+    # "base": every step aims at the base chunk's cost; "auto": core/auto_target.py picks it.
+    target_mode: str = "base"
 
     def __post_init__(self) -> None:
         positive = ("base_chunk", "block_size", "num_samples", "calibration_window",
@@ -77,6 +81,9 @@ class CoreSettings:
             raise ValueError(f"min_chunk must be a non-negative integer, got {self.min_chunk!r}")
         if not 0.0 < float(self.smooth_factor) <= 1.0:
             raise ValueError(f"smooth_factor must be in (0, 1], got {self.smooth_factor!r}")
+        if self.target_mode not in TARGET_MODES:
+            raise ValueError(f"target_mode must be one of {', '.join(TARGET_MODES)}, "
+                             f"got {self.target_mode!r}")
         ref = self.reference_prompt_len
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
             raise ValueError(f"reference_prompt_len must be a positive integer, got {ref!r}")
@@ -108,6 +115,7 @@ class ProfilingChunkManager:
             None, base_chunk=settings.base_chunk, smooth_factor=settings.smooth_factor,
             min_chunk=settings.min_chunk, block_size=settings.block_size)
         self.planner = StepPlanner(self.predictor)
+        self.auto: AutoTargetTracker | None = None
         self.calibrator: OnlineCalibrator | None = (
             OnlineCalibrator(window=settings.calibration_window,
                              max_failed_fits=settings.max_failed_fits)
@@ -169,8 +177,11 @@ class ProfilingChunkManager:
         if not model.is_physical:
             raise ValueError("profile model has a negative coefficient")
         samples = profile.get("samples") or {}
-        self._sizes = [float(s) for s in samples.get("sizes", [])]
-        self._latencies = [float(t) for t in samples.get("latencies_ms", [])]
+        try:
+            self._sizes = [_float_or_nan(s) for s in samples.get("sizes", [])]
+            self._latencies = [_float_or_nan(t) for t in samples.get("latencies_ms", [])]
+        except (AttributeError, TypeError) as exc:
+            raise ValueError(f"profile samples are malformed: {exc}") from exc
         self.fit = _fit_from_dict(profile.get("fit"), model)
         self.source = "cache"
         self._use_model(model)
@@ -188,8 +199,13 @@ class ProfilingChunkManager:
         """This step's budget and cap; the fallback plan unless a model is in use."""
         self._steps_planned += 1
         if self.state in (CppState.READY, CppState.CALIBRATING):
+            target = None
+            if self.auto is not None:
+                target = self.auto.target_for(candidates, max_budget, max_requests)
             plan = self.planner.plan(candidates, max_budget=max_budget,
-                                     max_requests=max_requests)
+                                     max_requests=max_requests, target_ms=target)
+            if self.auto is not None:
+                self.auto.observe(plan.predicted_ms)
         else:
             items = simulate(candidates, max_budget, 0, max_requests)
             plan = StepPlan(max_budget, 0, items, math.nan, fallback=True,
@@ -202,7 +218,10 @@ class ProfilingChunkManager:
                     predicted_ms: float | None = None) -> CalibrationEvent | None:
         """Feed one timed step; returns the calibration event it triggered, if any."""
         self._steps_timed += 1
-        measured = float(measured_ms)
+        try:
+            measured = float(measured_ms)
+        except (TypeError, ValueError):
+            measured = math.nan
         if self.model is not None and items and math.isfinite(measured) and measured > 0:
             pred = predicted_ms
             if pred is None or not math.isfinite(pred):
@@ -256,7 +275,8 @@ class ProfilingChunkManager:
         return {
             "version": PROFILE_VERSION,
             "model": self.model.to_dict() if self.model is not None else None,
-            "samples": {"sizes": list(self._sizes), "latencies_ms": list(self._latencies)},
+            "samples": {"sizes": _finite_or_none(self._sizes),
+                        "latencies_ms": _finite_or_none(self._latencies)},
             "fit": self.fit.to_dict() if self.fit is not None else None,
             "target_ms": self.predictor.target_ms,
             "settings": self.settings.to_dict(),
@@ -271,11 +291,14 @@ class ProfilingChunkManager:
             "fallback_reason": self.fallback_reason,
             "model": self.model.to_dict() if self.model is not None else None,
             "target_ms": self.predictor.target_ms,
+            "target_mode": self.settings.target_mode,
+            "auto_target_ms": self.auto.target_ms if self.auto is not None else None,
             "steps_planned": self._steps_planned,
             "fallback_steps": self._fallback_steps,
             "steps_timed": self._steps_timed,
             "median_prediction_error": float(np.median(errors)) if errors else None,
             "failed_fits": cal.failed_fits if cal is not None else 0,
+            "fit_attempts": cal.attempts if cal is not None else 0,
             "accepted_fits": cal.accepted_fits if cal is not None else 0,
             "rejected_rows": cal.rejected_rows if cal is not None else 0,
             "calibration_rows": cal.n_rows if cal is not None else 0,
@@ -299,6 +322,9 @@ class ProfilingChunkManager:
         self.model = model
         self.predictor = predictor
         self.planner = StepPlanner(predictor)
+        # A new model changes every forecast: start the auto target afresh.
+        self.auto = (AutoTargetTracker(AutoTarget(predictor, self.settings.pp_size))
+                     if self.settings.target_mode == "auto" else None)
         if not self._failed_for_good:
             self.state = CppState.CALIBRATING if self.calibrator is not None else CppState.READY
             self.fallback_reason = ""
@@ -308,10 +334,30 @@ class ProfilingChunkManager:
         self.fallback_reason = reason
 
     def _build_report(self) -> None:
+        predictor = self.predictor
+        auto = None
+        if self.auto is not None:
+            # The report shows the plan auto would make for the reference prompt alone.
+            s = self.settings
+            auto = self.auto.auto.choose([(0, s.reference_len)], s.base_chunk)
+            if auto is not None and math.isfinite(auto.target_ms) and auto.target_ms > 0:
+                predictor = predictor.with_model(self.model, target_ms=auto.target_ms)
         self.report = build_report(model=self.model, fit=self.fit, sizes=self._sizes,
                                    latencies_ms=self._latencies, settings=self.settings,
-                                   predictor=self.predictor, state=self.state,
+                                   predictor=predictor, state=self.state,
                                    source=self.source, fallback_reason=self.fallback_reason)
+        self.report["target_mode"] = self.settings.target_mode
+        if auto is not None:
+            self.report["auto_target"] = auto.to_dict()
+
+
+def _finite_or_none(values: Sequence[float]) -> list[float | None]:
+    # JSON has no NaN; a failed sample is saved as null.
+    return [v if math.isfinite(v) else None for v in values]
+
+
+def _float_or_nan(value: object) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _fit_from_dict(d: Mapping | None, model: LatencyModel) -> FitResult | None:

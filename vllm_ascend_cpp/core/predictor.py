@@ -224,6 +224,8 @@ class ChunkSizePredictor:
         ``T`` and budget, successive chunks of one prompt never grow (fallback chunks
         excepted: past ``T - gamma*L <= 0`` they return to the fixed size).
         """
+        history = int(history)
+        remaining = int(remaining)
         if history < 0:
             raise ValueError(f"history must be >= 0, got {history}")
         if remaining < 0:

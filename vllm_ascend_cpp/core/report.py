@@ -174,6 +174,12 @@ def format_report(report: dict) -> str:
     lines.append(f"  target: {_ms(report.get('target_ms'))} ms per chunk "
                  f"(base chunk {report.get('base_chunk')}, smooth {report.get('smooth_factor')}, "
                  f"min chunk {report.get('min_chunk')}, alignment {report.get('alignment')})")
+    auto = report.get("auto_target")
+    if auto:
+        lines.append(f"  target auto: {_ms(auto.get('target_ms'))} ms chosen for the reference "
+                     f"prompt at pp={report.get('pp_size')} (base target "
+                     f"{_ms(auto.get('base_target_ms'))} ms); each step re-chooses from the "
+                     f"prefill queue")
     dynamic = report.get("dynamic_plan") or []
     fixed = report.get("fixed_plan") or []
     lines.append(f"  plan for a {report.get('reference_prompt_len')}-token prompt "

@@ -1,0 +1,383 @@
+"""``target: auto``: the step target that minimises the predicted time to first token.
+
+On ``S`` pipeline stages a run of steps costing ``t_1..t_n`` (every stage alike) delivers the
+output of its last step after ``sum(t) + (S-1)*max(t)`` (a proportionate flow shop: the
+critical path crosses the stages once, at the largest step). For one prompt of work ``W``
+split into ``n`` equal steps with per-step overhead ``c`` that is ``W + n*c + (S-1)*(W/n + c)``,
+smallest near ``n = sqrt((S-1)*W/c)``: too large a target leaves the other stages idle while
+the big last chunk drains, too small a one pays ``c`` too often.
+
+With several prefills queued, request ``j`` gets its first token after every step up to its
+last chunk plus ``S-1`` times the largest step so far. Only the drain after the last step is
+latency; the queue's own work fills the pipeline in between, so the best target grows with the
+queued work and, with enough of it, every chunk becomes as large as the token budget allows.
+The same term explains why the target never falls during a busy pipeline: once a step of cost
+``m`` is in flight, a later smaller step cannot shorten anyone's ``(S-1)*m``; it only adds
+another ``c``.
+
+:class:`AutoTarget` forecasts the steps the planner would make for a queue at a candidate
+target (the same clamps as :class:`~.predictor.ChunkSizePredictor` and the same step filling
+as :class:`~.step_planner.StepPlanner`, written as a lean loop), scores the mean completion
+time over the queue and searches the target on a geometric grid, then refines. For a lone
+prompt the winner is checked against the base target with the real predictor, so ``auto`` never
+predicts a worse TTFT than ``base``. Choices are cached by the queue's shape in coarse buckets.
+
+:class:`AutoTargetTracker` is the per-engine state the manager keeps: it re-chooses only when
+the head of the prefill queue changes or more prefill work arrives, and keeps the target from
+falling while the pipeline stays busy, so a step costs a dictionary lookup or less.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .predictor import TAIL_FOLD_TOLERANCE, ChunkSizePredictor
+from .report import pipeline_ttft_ms
+from .step_planner import Candidate
+
+__all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "MAX_QUEUE"]
+
+# Requests beyond this far down the queue do not change the choice: by then the target is at
+# the budget's cap anyway.
+MAX_QUEUE = 16
+_GRID_POINTS = 24
+_REFINE_POINTS = 8
+_CACHE_SIZE = 4096
+# Lets a root that is an integer up to rounding floor to that integer (as the predictor does).
+_FLOOR_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """A chosen target and what it is predicted to give.
+
+    ``predicted_ms`` is the mean predicted completion (time to first token, from now) over the
+    queue at ``target_ms``; ``base_predicted_ms`` the same at the base target (NaN when the
+    base target is not usable).
+    """
+
+    target_ms: float
+    predicted_ms: float
+    base_target_ms: float
+    base_predicted_ms: float
+    steps: int
+    queue: int
+
+    def to_dict(self) -> dict:
+        def clean(v: float) -> float | None:
+            return v if math.isfinite(v) else None
+
+        return {"target_ms": clean(self.target_ms), "predicted_ttft_ms": clean(self.predicted_ms),
+                "base_target_ms": clean(self.base_target_ms),
+                "base_predicted_ttft_ms": clean(self.base_predicted_ms), "steps": self.steps,
+                "queue": self.queue}
+
+
+def _bucket(v: int) -> int:
+    # About 1/32 relative resolution: prompts that differ by less share a choice.
+    v = int(v)
+    if v < 256:
+        return v
+    shift = v.bit_length() - 6
+    return (v >> shift) << shift
+
+
+class AutoTarget:
+    """Chooses a step target for a prefill queue from the predictor's model; see module doc."""
+
+    def __init__(self, predictor: ChunkSizePredictor, stages: int, *,
+                 grid_points: int = _GRID_POINTS, refine_points: int = _REFINE_POINTS,
+                 cache_size: int = _CACHE_SIZE) -> None:
+        if isinstance(stages, bool) or int(stages) < 1:
+            raise ValueError(f"stages must be a positive integer, got {stages!r}")
+        self.predictor = predictor
+        self.stages = int(stages)
+        self.grid_points = max(4, int(grid_points))
+        self.refine_points = max(0, int(refine_points))
+        self._cache: OrderedDict[tuple, AutoChoice] = OrderedDict()
+        self._cache_size = max(1, int(cache_size))
+        self.cache_hits = 0
+        self.cache_misses = 0
+        m = predictor.model
+        self.ready = predictor.ready and m is not None
+        if m is not None:
+            self._a, self._b, self._c, self._g = m.a, m.b, m.c, m.gamma
+        base = predictor.target_ms
+        self.base_target_ms = float(base) if base is not None else math.nan
+
+    # -- the lean forecast ----------------------------------------------------------------
+
+    def _cost(self, L: int, x: int) -> float:
+        return self._g * L + self._b * x + self._a * (2.0 * L * x + x * x)
+
+    def _solve(self, L: int, t: float) -> float:
+        """The predictor's root (``inf`` when nothing bounds it, -1 when nothing fits)."""
+        rest = t - self._g * L
+        if not rest > 0:
+            return -1.0
+        lin = 2.0 * self._a * L + self._b
+        if self._a == 0.0:
+            return rest / lin if lin > 0 else math.inf
+        denom = lin + math.sqrt(lin * lin + 4.0 * self._a * rest)
+        return 2.0 * rest / denom if denom > 0 else math.inf
+
+    def _lead_chunk(self, L: int, R: int, budget: int, t: float) -> int:
+        """The predictor's :meth:`next_chunk` for the first prefill of a step."""
+        p = self.predictor
+        x = self._solve(L, t)
+        if x < 0:
+            return min(p.base_chunk, R, budget)
+        base = float(p.base_chunk)
+        if x != math.inf:
+            x = base + p.smooth_factor * (x - base)
+        if x < p.min_chunk:
+            x = float(p.min_chunk)
+        if x > budget:
+            x = float(budget)
+        whole = min(int(math.floor(x * (1.0 + _FLOOR_SLACK))), budget)
+        full = whole - whole % p.alignment
+        if full == 0:
+            full = min(p.alignment, budget)
+        if R <= full:
+            return R
+        tail = R - full
+        if tail >= p.min_chunk:
+            return full
+        if R <= budget and self._cost(L, R) <= TAIL_FOLD_TOLERANCE * t:
+            return R
+        half = -(-R // 2)
+        half = -(-half // p.alignment) * p.alignment
+        return half if half < full else full
+
+    def forecast(self, prefills: Sequence[tuple[int, int]], budget: int, target_ms: float,
+                 floor_ms: float = 0.0, give_up_at: float = math.inf) -> tuple[float, int]:
+        """Mean predicted completion over the queue at ``target_ms``, and the step count.
+
+        ``floor_ms`` is the largest step already in flight. Returns ``(inf, steps)`` as soon as
+        the mean provably reaches ``give_up_at``.
+        """
+        t = float(target_ms)
+        budget = int(budget)
+        align = self.predictor.alignment
+        c = self._c
+        drain = self.stages - 1
+        n = len(prefills)
+        done_sum = 0.0
+        done = 0
+        total = 0.0
+        peak = float(floor_ms)
+        steps = 0
+        j = 0
+        L, R = prefills[0]
+        while j < n:
+            x = self._lead_chunk(L, R, budget, t)
+            cost = self._cost(L, x)
+            used = x
+            L += x
+            R -= x
+            finished = 0
+            while R <= 0:
+                finished += 1
+                j += 1
+                if j >= n:
+                    break
+                L, R = prefills[j]
+                # The planner fills what is left of the step with the next prefill.
+                if cost >= t or used >= budget:
+                    break
+                part = self._solve(L, t - cost)
+                if part <= 0:
+                    break
+                part = int(min(part, R, budget - used))
+                if part < R:
+                    part -= part % align
+                if part <= 0:
+                    break
+                cost += self._cost(L, part)
+                used += part
+                L += part
+                R -= part
+            step = c + cost
+            total += step
+            if step > peak:
+                peak = step
+            steps += 1
+            if finished:
+                done_sum += finished * (total + drain * peak)
+                done += finished
+            # Every request not yet done completes no earlier than ``total``.
+            if (done_sum + (n - done) * (total + drain * peak)) / n >= give_up_at:
+                return math.inf, steps
+        return done_sum / n, steps
+
+    def _exact_single(self, history: int, remaining: int, budget: int, t: float) -> float:
+        p = self.predictor.with_model(self.predictor.model, target_ms=t)
+        plan = p.plan(remaining, budget=budget, history=history)
+        return pipeline_ttft_ms([c.predicted_ms for c in plan], self.stages)
+
+    # -- the choice -----------------------------------------------------------------------
+
+    def choose(self, prefills: Sequence[tuple[int, int]], budget: int,
+               floor_ms: float = 0.0) -> AutoChoice | None:
+        """The best target for this queue (walk order), or None when there is nothing to do."""
+        if not self.ready:
+            return None
+        queue = [(max(0, int(L)), int(R)) for L, R in list(prefills)[:MAX_QUEUE] if int(R) > 0]
+        budget = int(budget)
+        if not queue or budget < 1:
+            return None
+        floor = float(floor_ms) if math.isfinite(floor_ms) and floor_ms > 0 else 0.0
+        key = (tuple((_bucket(L), _bucket(R)) for L, R in queue), budget,
+               _bucket(int(floor * 1000)))
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            self.cache_hits += 1
+            return hit
+        self.cache_misses += 1
+        choice = self._search(queue, budget, floor)
+        self._cache[key] = choice
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return choice
+
+    def _bounds(self, queue: list[tuple[int, int]], budget: int) -> tuple[float, float, float]:
+        """``(lowest, highest, closed-form guess)`` of the targets worth trying."""
+        p = self.predictor
+        smallest = max(min(p.min_chunk, budget), min(p.alignment, budget), 1)
+        low = self._cost(0, smallest)
+        # Past the cost of the largest budget-sized chunk every chunk is capped: same plan.
+        high = max(self._cost(max(0, L + R - min(budget, R)), min(budget, R)) for L, R in queue)
+        work = sum(self._cost(L, R) for L, R in queue)
+        if self._c > 0 and work > 0:
+            n = math.sqrt((self.stages - 1) * work / self._c) or 1.0
+            guess = work / max(n, 1.0)
+        else:
+            guess = low
+        return low, high, guess
+
+    def _search(self, queue: list[tuple[int, int]], budget: int, floor: float) -> AutoChoice:
+        base_t = self.base_target_ms
+        low, high, guess = self._bounds(queue, budget)
+        candidates: list[float] = []
+        if math.isfinite(high) and high > 0:
+            # Far below the closed-form guess only more steps are bought; cut the grid there
+            # so that tiny targets do not make the forecast walk thousands of steps.
+            lo = max(low, guess / 16.0, high * 1e-6)
+            if not lo > 0 or lo >= high:
+                candidates.append(high)
+            else:
+                ratio = (high / lo) ** (1.0 / (self.grid_points - 1))
+                candidates.extend(lo * ratio ** k for k in range(self.grid_points))
+        usable_base = math.isfinite(base_t) and base_t > 0
+        if usable_base:
+            candidates.append(base_t)
+        if not candidates:
+            return AutoChoice(base_t, math.nan, base_t, math.nan, 0, len(queue))
+        candidates.sort()
+        scored: list[tuple[float, int, float]] = []
+        best = math.inf
+        for t in candidates:
+            value, steps = self.forecast(queue, budget, t, floor, give_up_at=best)
+            scored.append((value, steps, t))
+            best = min(best, value)
+        order = sorted(range(len(scored)), key=lambda i: scored[i][0])
+        i = order[0]
+        if self.refine_points and math.isfinite(scored[i][0]):
+            left = scored[i - 1][2] if i > 0 else scored[i][2]
+            right = scored[i + 1][2] if i + 1 < len(scored) else scored[i][2]
+            if right > left:
+                step = (right / left) ** (1.0 / (self.refine_points + 1))
+                for k in range(1, self.refine_points + 1):
+                    t = left * step ** k
+                    value, steps = self.forecast(queue, budget, t, floor, give_up_at=best)
+                    scored.append((value, steps, t))
+                    best = min(best, value)
+        value, steps, target = min(scored, key=lambda s: (s[0], -s[2]))
+        base_value = math.nan
+        if usable_base:
+            base_value = next((v for v, _, t in scored if t == base_t), math.nan)
+        if len(queue) == 1 and floor == 0.0 and usable_base:
+            # The lean forecast skips a few of the predictor's tail rules; for a lone prompt
+            # the real plan decides, so auto can never predict worse than base.
+            L, R = queue[0]
+            exact_auto = self._exact_single(L, R, budget, target)
+            exact_base = self._exact_single(L, R, budget, base_t)
+            base_value = exact_base
+            if exact_base < exact_auto:
+                target, value = base_t, exact_base
+            else:
+                value = exact_auto
+        return AutoChoice(float(target), float(value), base_t, float(base_value), steps,
+                          len(queue))
+
+
+class AutoTargetTracker:
+    """The per-engine auto-target state kept by the manager (see the module docstring)."""
+
+    def __init__(self, auto: AutoTarget) -> None:
+        self.auto = auto
+        self.head: str | None = None
+        self.target_ms: float | None = None
+        self.choice: AutoChoice | None = None
+        self._n_prefills = 0
+        self._queued_tokens = 0
+        self._prev_ids: frozenset[str] = frozenset()
+        self._busy_peak = 0.0
+        self.choices_made = 0
+
+    def target_for(self, candidates: Sequence[Candidate], max_budget: int,
+                   max_requests: int | None = None) -> float | None:
+        """This step's target, or None to leave the planner on its own target."""
+        limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
+                                                                        int(max_requests)))
+        prefills: list[tuple[int, int]] = []
+        ids: list[str] = []
+        for i in range(limit):
+            cand = candidates[i]
+            if cand.remaining <= 0:
+                break  # the walk ends here (see step_planner.simulate)
+            if cand.is_prefill:
+                prefills.append((cand.history, cand.remaining))
+                ids.append(cand.req_id)
+                if len(prefills) >= MAX_QUEUE:
+                    break
+        if not prefills:
+            return self.target_ms
+        head = ids[0]
+        queued = sum(r for _, r in prefills[1:])
+        same_head = head == self.head
+        if same_head and self.target_ms is not None and len(prefills) <= self._n_prefills \
+                and queued <= self._queued_tokens:
+            self._remember(ids, len(prefills), queued)
+            return self.target_ms
+        if not same_head:
+            # A new head that was already queued means the pipeline never drained: the
+            # largest step in flight still bounds everyone's drain.
+            if head not in self._prev_ids:
+                self._busy_peak = 0.0
+        choice = self.auto.choose(prefills, max_budget, self._busy_peak)
+        self._remember(ids, len(prefills), queued)
+        if choice is None or not math.isfinite(choice.target_ms) or choice.target_ms <= 0:
+            return self.target_ms if same_head else None
+        target = choice.target_ms
+        if same_head and self.target_ms is not None:
+            target = max(target, self.target_ms)
+        self.head = head
+        self.target_ms = target
+        self.choice = choice
+        self.choices_made += 1
+        return target
+
+    def observe(self, predicted_ms: float) -> None:
+        """The planned cost of the step just scheduled (with ``c``)."""
+        if math.isfinite(predicted_ms) and predicted_ms > self._busy_peak:
+            self._busy_peak = float(predicted_ms)
+
+    def _remember(self, ids: list[str], n: int, queued: int) -> None:
+        self._prev_ids = frozenset(ids)
+        self._n_prefills = n
+        self._queued_tokens = queued
