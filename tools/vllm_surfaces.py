@@ -366,6 +366,9 @@ class Probe:
 
 CheckFn = Callable[[Probe], None]
 
+# A Surface symbol meaning "the module itself" (module-level statements, no class or def).
+MODULE = "<module>"
+
 
 @dataclass(frozen=True)
 class Surface:
@@ -424,6 +427,47 @@ def class_shape(*overrides: str) -> CheckFn:
         for name in overrides:
             fn = find_method(p.cls, name)
             p.fact(f"overrides {name}", fn is not None, fn)
+
+    return check
+
+
+def _init_assignments(cls: ast.ClassDef) -> dict[str, ast.stmt]:
+    """`self.X = ...` statements in __init__ (first one per name)."""
+    init = find_method(cls, "__init__")
+    found: dict[str, ast.stmt] = {}
+    for n in walk_scope(init) if init else []:
+        if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            for t in _targets(n):
+                name = dotted(t) or ""
+                if name.startswith("self.") and name.count(".") == 1:
+                    found.setdefault(name[5:], n)
+    return found
+
+
+def attributes(*required: str, optional: tuple[str, ...] = ()) -> CheckFn:
+    """Names compat reads by attribute: where each comes from (`init: <value>` when __init__
+    assigns it, `property`, `method`, `field: <annotation>`), None when absent. Required ones
+    must exist; optional ones are release-specific and handled with getattr defaults."""
+
+    def check(p: Probe) -> None:
+        inits = _init_assignments(p.cls)
+        declared = class_fields(p.cls)
+        for name in required + optional:
+            fn = find_method(p.cls, name)
+            if fn is not None:
+                kind = "property" if "property" in decorator_names(fn) else "method"
+                p.fact(name, kind, fn)
+            elif name in inits:
+                stmt = inits[name]
+                value = getattr(stmt, "value", None)
+                p.fact(name, "init: " + (ast.unparse(value) if value is not None else "?"),
+                       stmt)
+            elif name in declared:
+                p.fact(name, "field: " + declared[name])
+            else:
+                p.fact(name, None)
+        for name in required:
+            p.expect(p.facts.get(name) is not None, f"no attribute {name}")
 
     return check
 
@@ -574,6 +618,17 @@ def check_queues(p: Probe) -> None:
     )
     limits = sorted(a for a in self_attrs(waiting) if a.startswith("max_num_")) if waiting else []
     p.fact("waiting_admission_limits", limits)
+    # compat.waiting_requests walks the queues in this order, compat.admission_slots counts
+    # what this loop counts.
+    picks = assignments(waiting, "request_queue") if waiting else []
+    first_pick = next((s for s in picks if s.value is not None), None)
+    p.fact(
+        "queue_pick",
+        ast.unparse(first_pick.value) if first_pick is not None and first_pick.value else None,
+        first_pick,
+    )
+    streaming = reads(waiting, "self.num_waiting_for_streaming_input") if waiting else []
+    p.fact("admission_counts_streaming_sessions", bool(streaming), *streaming[:1])
 
 
 def check_scheduler_config_reads(p: Probe) -> None:
@@ -670,20 +725,20 @@ def check_get_scheduler_cls(p: Probe) -> None:
 # Model runners and workers
 
 
-def dummy_run(require_force_attention: bool) -> CheckFn:
-    """The startup sweep needs one request of num_tokens with attention computed; record what
-    decides the request count and whether force_attention is a real parameter."""
+def dummy_run(attention_param: str, request_limit: str) -> CheckFn:
+    """The startup sweep needs one request of num_tokens with attention computed. compat sets
+    the request limit to 1 where `_dummy_run` reads it and, on V1 runners, passes
+    force_attention=True; V2 runners build attention unless skip_attn=True. Record both, and
+    expect the ones compat relies on for this runner generation."""
 
     def check(p: Probe) -> None:
         fn = p.method("_dummy_run")
-        names = p.signature("params", fn, "num_tokens")
+        names = p.signature("params", fn, "num_tokens", attention_param, "is_profile")
         if fn is None:
             return
         bare = {n.lstrip("*") for n in names}
         p.fact("force_attention", "force_attention" in bare)
         p.fact("swallows_unknown_kwargs", fn.args.kwarg is not None)
-        if require_force_attention:
-            p.expect("force_attention" in bare, "_dummy_run() has no parameter force_attention")
         limit_reads = [
             n
             for n in walk_scope(fn)
@@ -691,8 +746,11 @@ def dummy_run(require_force_attention: bool) -> CheckFn:
             and isinstance(n.ctx, ast.Load)
             and n.attr in ("max_num_seqs", "max_num_reqs")
         ]
-        p.fact(
-            "request_limit", sorted({dotted(n) or n.attr for n in limit_reads}), *limit_reads[:1]
+        limits = sorted({dotted(n) or n.attr for n in limit_reads})
+        p.fact("request_limit", limits, *limit_reads[:1])
+        p.expect(
+            request_limit in limits,
+            f"_dummy_run() does not read {request_limit} (compat lowers it to 1)",
         )
         spread = [s for s in assignments(fn, "num_reqs") if s.value is not None]
         p.fact("num_reqs", [ast.unparse(s.value) for s in spread if s.value], *spread)
@@ -834,6 +892,18 @@ SURFACES: list[Surface] = [
             check_queues),
     Surface("scheduler.config_reads", "schedule(): scheduler_config fields read", (SCHED,),
             ("Scheduler",), check_scheduler_config_reads),
+    Surface("scheduler.init_state", "Scheduler.__init__: queues and limits compat reads",
+            (SCHED,), ("Scheduler",),
+            attributes("running", "waiting", "requests", "max_num_running_reqs",
+                       "max_num_scheduled_tokens", "scheduler_config", "policy",
+                       optional=("skipped_waiting", "kv_holding_waiting", "deferred_waiting",
+                                 "max_num_active_reqs", "adaptive_long_prefill_threshold",
+                                 "num_waiting_for_streaming_input"))),
+    Surface("request.fields", "Request: progress fields and ordering",
+            ("vllm/v1/request.py",), ("Request",),
+            attributes("request_id", "num_prompt_tokens", "num_computed_tokens", "num_tokens",
+                       "__lt__", optional=("num_tokens_with_spec",
+                                           "num_output_placeholders"))),
     Surface("scheduler.update_from_output", "Scheduler.update_from_output params", (SCHED,),
             ("Scheduler",), signature("update_from_output", "scheduler_output")),
     Surface("scheduler.async", "AsyncScheduler (default with async_scheduling)",
@@ -871,9 +941,10 @@ SURFACES: list[Surface] = [
     Surface("config.use_v2_model_runner", "VllmConfig.use_v2_model_runner", VLLM_CONFIG,
             ("VllmConfig",), check_use_v2_model_runner),
     Surface("runner.v1_dummy_run", "GPUModelRunner._dummy_run (V1 runner)", (GPU_RUNNER,),
-            ("GPUModelRunner",), dummy_run(require_force_attention=True), None),
+            ("GPUModelRunner",),
+            dummy_run("force_attention", "self.scheduler_config.max_num_seqs"), None),
     Surface("runner.v2_dummy_run", "GPUModelRunner._dummy_run (V2 runner, worker/gpu/)",
-            (GPU_RUNNER_V2,), ("GPUModelRunner",), dummy_run(require_force_attention=True),
+            (GPU_RUNNER_V2,), ("GPUModelRunner",), dummy_run("skip_attn", "self.max_num_reqs"),
             None),
     Surface("runner.cpu", "CPUModelRunner (V1, cpu_model_runner.py)",
             ("vllm/v1/worker/cpu_model_runner.py",), ("CPUModelRunner",),
@@ -890,6 +961,16 @@ SURFACES: list[Surface] = [
             signature("execute_model", "scheduler_output")),
     Surface("worker.wrapper", "WorkerWrapperBase", WORKER_BASE, ("WorkerWrapperBase",),
             check_worker_wrapper),
+    Surface("worker.async_intermediate_tensors",
+            "AsyncIntermediateTensors.wait_for_comm (PP input)",
+            ("vllm/v1/worker/gpu_worker.py",), ("AsyncIntermediateTensors",),
+            attributes("wait_for_comm")),
+    Surface("platform.interface", "Platform.device_type / device_name",
+            ("vllm/platforms/interface.py",), ("Platform",),
+            attributes("device_type", "device_name")),
+    Surface("distributed.group", "GroupCoordinator (pp/tp rank, last rank)",
+            ("vllm/distributed/parallel_state.py",), ("GroupCoordinator",),
+            attributes("rank_in_group", "is_last_rank")),
     Surface("executor.collective_rpc", "Executor.collective_rpc",
             ("vllm/v1/executor/abstract.py", "vllm/executor/executor_base.py"),
             ("Executor", "ExecutorBase"), check_collective_rpc),
@@ -902,6 +983,39 @@ SURFACES: list[Surface] = [
             ("vllm/plugins/__init__.py",), ("load_general_plugins",), check_general_plugins),
 ]
 # fmt: on
+
+
+# How the plugin copes where a release differs from the reference (the table's last column).
+# Each entry names the code that handles it; tests/unit/test_compat.py has a test per entry.
+HANDLING: dict[str, str] = {
+    "scheduler.schedule": "CppScheduler.schedule(*args, **kwargs) forwards whatever the "
+    "engine passes (no throttle_prefills before 0.25)",
+    "scheduler.token_budget": "compat.step_limits only lowers max_num_scheduled_tokens; "
+    "0.30+'s input_budget (max_num_batched_tokens) never binds below it",
+    "scheduler.long_prefill": "compat.step_limits sets the cap before schedule() (read per "
+    "loop up to 0.30, once at the top in 0.32) and turns 0.32's adaptive floor off for the "
+    "call; 0.32 drops the cap for a single eligible request, whose budget is its chunk",
+    "scheduler.queues": "compat.waiting_requests: skipped_waiting first (FCFS) or merged "
+    "(priority) up to 0.30, kv_holding_waiting first in 0.32; compat.admission_slots: "
+    "max_num_active_reqs if present, streaming sessions counted from 0.25",
+    "scheduler.config_reads": "informational: the input budget (see token_budget)",
+    "scheduler.init_state": "compat reads optional ones with getattr (admission_limit, "
+    "waiting_requests, step_limits)",
+    "engine.step": "as Scheduler.schedule params",
+    "engine.step_with_batch_queue": "as Scheduler.schedule params",
+    "engine.initialize_kv_caches": "informational: the startup sweep runs from the scheduler "
+    "constructor, after these calls in every release",
+    "config.scheduler": "compat.scheduler_config_value (getattr with the release default); "
+    "writes use object.__setattr__ (pydantic validate-on-assignment)",
+    "config.use_v2_model_runner": "informational: which runner a worker builds; both are "
+    "handled by compat.one_request_dummy_run",
+    "runner.v1_dummy_run": "compat.one_request_dummy_run passes only named parameters "
+    "(randomize_inputs from 0.27)",
+    "runner.v2_dummy_run": "compat.one_request_dummy_run: max_num_reqs=1 for the call, "
+    "attention built by default (skip_attn=False), no force_attention passed",
+    "worker.cpu": "informational: the plugin adds methods through worker_extension_cls and "
+    "wraps the model runner, not the worker",
+}
 
 
 def surface_by_key(key: str) -> Surface:

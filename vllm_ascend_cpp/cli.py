@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from .core.latency_model import LatencyModel
 from .core.predictor import ChunkSizePredictor
 from .core.report import compare_plans, format_chunk_table
 from .demo import add_demo_parser
+from .sim.commands import add_report_parser, add_simulate_parser
 
 PROG = "vllm-cpp"
 
@@ -151,11 +154,61 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve-model --------------------------------------------------------------------------
+
+_MODEL_FILES = {"config.json", "tokenizer.json", "tokenizer_config.json"}
+
+
+def add_serve_model_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "serve-model",
+        help="write a tiny dummy-weight Llama directory that `vllm serve` loads offline",
+        description="Write a tiny Llama config and a small word-level tokenizer to DIR, so "
+                    "`vllm serve DIR --load-format dummy` runs with text prompts, the OpenAI "
+                    "API and `vllm bench serve`, without the hub or real weights.")
+    p.add_argument("dir", metavar="DIR", help="directory to write (created if missing)")
+    p.set_defaults(run=run_serve_model)
+    return p
+
+
+def run_serve_model(args: argparse.Namespace) -> int:
+    from .serve_util import CPU_SERVER_ENV, ServerSpec, operator_command, server_command
+    from .tiny_model import write_tiny_llama
+
+    target = Path(args.dir)
+    if target.exists() and not target.is_dir():
+        raise CliError(f"{target} exists and is not a directory")
+    # Never overwrite the config of a real model someone pointed us at by mistake.
+    foreign = sorted(p.name for p in target.iterdir() if p.name not in _MODEL_FILES) \
+        if target.is_dir() else []
+    if foreign:
+        raise CliError(f"{target} already holds other files ({', '.join(foreign[:3])}); "
+                       "give an empty or new directory")
+    try:
+        out = write_tiny_llama(target, with_tokenizer=True).resolve()
+    except ImportError as exc:
+        raise CliError(f"the tokenizer needs the `tokenizers` package: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"cannot write {target}: {exc.strerror or exc}") from None
+    spec = ServerSpec(str(out), 8000, enforce_eager=False, cpp_config={"enabled": True})
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in CPU_SERVER_ENV.items()
+                   if k.startswith("VLLM_CPU"))
+    print(f"wrote {out} (" + ", ".join(sorted(_MODEL_FILES)) + "; dummy weights, no hub)")
+    print("serve it with 2 pipeline stages and CPP on:")
+    print(f"  {operator_command(spec)}")
+    print("with vllm-cpu, whose `vllm` script does not start, the same server is:")
+    print(f"  {env} {shlex.join(server_command(spec, 'python'))}")
+    return 0
+
+
 # -- entry point --------------------------------------------------------------------------
 
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], argparse.ArgumentParser]] = [
     add_plan_parser,
     add_demo_parser,
+    add_simulate_parser,
+    add_report_parser,
+    add_serve_model_parser,
 ]
 
 

@@ -62,13 +62,19 @@ def loaded_vllm_version() -> tuple[int, ...] | None:
 
 
 def parse_version(text: str) -> tuple[int, ...]:
+    """(0, 25, 1) for "0.25.1rc1" or "0.32.0+cpu": the leading digits of each dotted part,
+    stopping at the first part that is not purely numeric (a pre-release or dev suffix)."""
     parts: list[int] = []
     for piece in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
         if not digits:
             break
         parts.append(int(digits))
-        if not piece.isdigit():
+        if digits != piece:
             break
     return tuple(parts)
 
@@ -344,6 +350,16 @@ def _is_priority_queue(queue: Any) -> bool:
 # ----- worker surfaces ----------------------------------------------------------------------
 
 
+def current_platform() -> Any:
+    """vLLM's `current_platform` (vllm-ascend's NPUPlatform on Ascend), or None without vLLM.
+    The one place the platform is looked up, so tests can stand an NPU platform in."""
+    try:
+        from vllm.platforms import current_platform as platform
+    except Exception:
+        return None
+    return platform
+
+
 def device_synchronize_fn(platform: Any = None) -> tuple[str, Any]:
     """(name, zero-argument sync function) for this process's accelerator.
 
@@ -354,10 +370,7 @@ def device_synchronize_fn(platform: Any = None) -> tuple[str, Any]:
     `platform` is vLLM's `current_platform` unless given (tests pass a stand-in).
     """
     if platform is None:
-        try:
-            from vllm.platforms import current_platform as platform
-        except Exception:
-            platform = None
+        platform = current_platform()
     device_type = str(getattr(platform, "device_type", "") or "")
     if device_type in ("", "cpu"):
         return "none", _no_sync
@@ -529,9 +542,8 @@ def worker_ranks() -> dict[str, int]:
 
 
 def platform_name() -> str:
+    platform = current_platform()
     try:
-        from vllm.platforms import current_platform
-
-        return str(getattr(current_platform, "device_name", "") or current_platform.device_type)
+        return str(getattr(platform, "device_name", "") or platform.device_type)
     except Exception:
         return "unknown"

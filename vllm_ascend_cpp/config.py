@@ -167,18 +167,8 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
             f"[CPP] {CONFIG_KEY} requires chunked prefill: enable_chunked_prefill = False, "
             "expected True (--enable-chunked-prefill)"
         )
-    user_cls = compat.user_scheduler_cls(sched)
-    if user_cls is not None:
-        raise ValueError(
-            f"[CPP] {CONFIG_KEY} installs its own scheduler, but scheduler_cls = {user_cls!r} "
-            "is set; remove --scheduler-cls (or the cpp_config block)"
-        )
-    ext = compat.user_worker_extension_cls(par)
-    if ext is not None:
-        raise ValueError(
-            f"[CPP] {CONFIG_KEY} adds its worker methods through worker_extension_cls, but "
-            f"worker_extension_cls = {ext!r} is set; remove --worker-extension-cls"
-        )
+    # Before the scheduler_cls check: vllm-ascend's platform sets scheduler_cls itself when
+    # its profiling_chunk_config is on, and the operator should read about that key.
     additional = getattr(vllm_config, "additional_config", None) or {}
     balance = compat.ascend_balance_scheduling(additional, os.environ)
     if balance is not None:
@@ -192,6 +182,18 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
             f"[CPP] {CONFIG_KEY} and vllm-ascend's {upstream} are both enabled; they would "
             f"both size prefill chunks. Keep only {CONFIG_KEY} (see the key mapping in "
             "docs/configuration.md)"
+        )
+    user_cls = compat.user_scheduler_cls(sched)
+    if user_cls is not None:
+        raise ValueError(
+            f"[CPP] {CONFIG_KEY} installs its own scheduler, but scheduler_cls = {user_cls!r} "
+            "is set; remove --scheduler-cls (or the cpp_config block)"
+        )
+    ext = compat.user_worker_extension_cls(par)
+    if ext is not None:
+        raise ValueError(
+            f"[CPP] {CONFIG_KEY} adds its worker methods through worker_extension_cls, but "
+            f"worker_extension_cls = {ext!r} is set; remove --worker-extension-cls"
         )
     budget = facts.max_num_batched_tokens
     if cfg.base_chunk is not None and cfg.base_chunk > budget:

@@ -58,7 +58,9 @@ def _write_tokenizer(out: Path, vocab_size: int) -> None:
     words = [f"w{i}" for i in range(vocab_size - len(specials))]
     vocab = {tok: i for i, tok in enumerate(specials + words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    # Split on whitespace only: "<unk>" and "</s>" then round-trip through decode and encode as
+    # one token each, so a prompt's token count is what a client (or `vllm bench serve`) built.
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(

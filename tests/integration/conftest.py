@@ -136,3 +136,43 @@ def sweep_accuracy_rows(run: EngineRun) -> list[dict]:
         rows.append({"tokens": n, "predicted_ms": pred, "real_ms": real,
                      "rel_error": (pred - real) / real})
     return rows
+
+
+def run_engine_jobs(
+    workdir: Path, runs: list[dict], *, env: dict | None = None, timeout: int = 1800
+) -> list[EngineRun]:
+    """Several engines one after another in ONE job process (see engine_job.run_many).
+
+    Each run is {"label", "engine", "batches", "env"}; its own workdir is workdir / label.
+    With env VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine core runs in the job process too,
+    so an engine after the first costs only its workers' start-up.
+    """
+    from tests.integration.engine_job import RUN_MARKER
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    runs = [dict(r) for r in runs]
+    for r in runs:
+        r["engine"] = dict(r["engine"])
+        r["engine"].setdefault("model_dir", str(workdir.parent / "tiny-llama"))
+    spec_path, result_path, log_path = (
+        workdir / "spec.json", workdir / "result.json", workdir / "engine.log",
+    )
+    spec_path.write_text(json.dumps({"runs": runs, "env": env or {}}))
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, str(JOB), str(spec_path), str(result_path)],
+            stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    text = log_path.read_text(errors="replace")
+    if proc.returncode != 0 or not result_path.exists():
+        raise AssertionError(f"engine job failed ({proc.returncode}); log tail:\n{text[-4000:]}")
+    results = json.loads(result_path.read_text())["runs"]
+    out = []
+    for k, (r, res) in enumerate(zip(runs, results)):
+        begin, end = f"{RUN_MARKER} begin {k}\n", f"{RUN_MARKER} end {k}\n"
+        part = text.split(begin, 1)[1].split(end, 1)[0] if begin in text else ""
+        cpp = r["engine"].get("cpp_config") or {}
+        trace = Path(cpp["trace_file"]) if cpp.get("trace_file") else None
+        out.append(EngineRun(res, part, workdir / r.get("label", str(k)), trace))
+    return out

@@ -12,9 +12,12 @@ tests, and vLLM's spawn rules are met (this file has the `__main__` guard). SPEC
   per-request arrival times and aborts).
 - batches: a list of {"lengths", "seed", "max_tokens" (an int or one per request),
   "prompt_logprobs", "concurrent", "shared_prefix" (the first N tokens are the same in every
-  prompt of the batch, for prefix-cache hits)}. With driver "async" also "arrivals" (seconds
-  after the batch starts, one per request) and "abort_mid_prefill" (indices of requests to
-  abort once the trace shows their first prefill chunk; needs cpp_config.trace_file).
+  prompt of the batch, and of every batch with the same "prefix_seed": prefix-cache hits)}.
+  With driver "async" also "arrivals" (seconds after the batch starts, one per request) and
+  "abort_mid_prefill" (indices of requests to abort once the trace shows their first prefill
+  chunk; needs cpp_config.trace_file).
+- runs (instead of engine/batches): several engines one after another in this process, each
+  {"label", "engine", "batches", "env"} (see run_many).
 
 Each output: prompt_len, token_ids, finish_reason, num_cached_tokens (prefix-cache hits),
 prompt_logprobs when asked; with driver "async" also the request id and submit / first token /
@@ -37,7 +40,8 @@ def _prompts(batch: dict) -> list[list[int]]:
 
     seed = batch.get("seed", 0) * 100003
     prefix_len = int(batch.get("shared_prefix", 0))
-    prefix = harness.token_prompt(prefix_len, seed=seed - 1) if prefix_len else []
+    prefix_seed = batch.get("prefix_seed", batch.get("seed", 0)) * 100003 - 1
+    prefix = harness.token_prompt(prefix_len, seed=prefix_seed) if prefix_len else []
     out = []
     for i, n in enumerate(batch["lengths"]):
         if prefix_len:

@@ -316,7 +316,8 @@ def test_dummy_run_v1_and_v2_shapes() -> None:
         """
         class GPUModelRunner(LoRAModelRunnerMixin):
             def _dummy_run(self, num_tokens: int, cudagraph_runtime_mode=None,
-                           force_attention: bool = False, uniform_decode: bool = False):
+                           force_attention: bool = False, uniform_decode: bool = False,
+                           is_profile: bool = False):
                 max_num_reqs = self.scheduler_config.max_num_seqs
                 num_reqs = min(num_tokens, max_num_reqs)
         """
@@ -324,7 +325,8 @@ def test_dummy_run_v1_and_v2_shapes() -> None:
     v2 = src(
         """
         class GPUModelRunner(LoRAModelRunnerMixin):
-            def _dummy_run(self, num_tokens: int, *args, skip_attn: bool = False, **kwargs):
+            def _dummy_run(self, num_tokens: int, *args, skip_attn: bool = False,
+                           is_profile: bool = False, **kwargs):
                 num_reqs = min(num_tokens, self.max_num_reqs)
         """
     )
@@ -335,8 +337,15 @@ def test_dummy_run_v1_and_v2_shapes() -> None:
     assert not one.problems
     two = probe("runner.v2_dummy_run", {"vllm/v1/worker/gpu/model_runner.py": v2})
     assert two.facts["swallows_unknown_kwargs"] is True
+    assert two.facts["force_attention"] is False
     assert two.facts["request_limit"] == ["self.max_num_reqs"]
-    assert two.problems == ["_dummy_run() has no parameter force_attention"]
+    assert not two.problems  # V2 builds attention unless skip_attn; compat relies on that
+    # A V2 runner that took its request count elsewhere would defeat compat's limit.
+    moved = v2.replace("self.max_num_reqs", "self.scheduler_config.max_num_seqs")
+    three = probe("runner.v2_dummy_run", {"vllm/v1/worker/gpu/model_runner.py": moved})
+    assert three.problems == [
+        "_dummy_run() does not read self.max_num_reqs (compat lowers it to 1)"
+    ]
 
 
 def test_model_runner_output_slots_is_a_problem() -> None:

@@ -142,24 +142,29 @@ def test_max_requests_limits_the_walk():
     assert sp.plan([], max_budget=4096).items == ()
 
 
+# Strategies are built once: constructing them inside a composite costs more than the test.
+_running = st.lists(st.one_of(
+    st.tuples(st.just("d"), st.integers(1, 200000), st.integers(1, 4)),
+    st.tuples(st.just("p"), st.integers(0, 200000), st.integers(1, 100000)),
+), max_size=40)
+_waiting = st.lists(st.tuples(st.just("p"), st.integers(0, 50000), st.integers(1, 100000)),
+                    max_size=5)
+_models = st.builds(LatencyModel, a=st.floats(0, 1e-6), b=st.floats(1e-4, 0.1),
+                    c=st.floats(0, 50), gamma=st.floats(0, 1e-4))
+_bases = st.integers(64, 32768)
+_blocks = st.sampled_from([16, 64, 128])
+_budgets = st.integers(1, 65536)
+_max_requests = st.one_of(st.none(), st.integers(1, 64))
+
+
 @st.composite
 def step_cases(draw):
-    running = draw(st.lists(st.one_of(
-        st.builds(lambda h, n: ("d", h, n), st.integers(1, 200000), st.integers(1, 4)),
-        st.builds(lambda h, n: ("p", h, n), st.integers(0, 200000), st.integers(1, 100000)),
-    ), max_size=40))
-    waiting = draw(st.lists(st.builds(lambda h, n: ("p", h, n), st.integers(0, 50000),
-                                      st.integers(1, 100000)), max_size=5))
     cands = [Candidate(f"r{i}", h, n, kind == "p")
-             for i, (kind, h, n) in enumerate(running + waiting)]
-    model = LatencyModel(a=draw(st.floats(0, 1e-6)), b=draw(st.floats(1e-4, 0.1)),
-                         c=draw(st.floats(0, 50)), gamma=draw(st.floats(0, 1e-4)))
-    base = draw(st.integers(64, 32768))
-    p = ChunkSizePredictor(model, base_chunk=base, min_chunk=draw(st.integers(0, base)),
-                           block_size=draw(st.sampled_from([16, 64, 128])))
-    max_budget = draw(st.integers(1, 65536))
-    max_requests = draw(st.one_of(st.none(), st.integers(1, 64)))
-    return StepPlanner(p), cands, max_budget, max_requests
+             for i, (kind, h, n) in enumerate(draw(_running) + draw(_waiting))]
+    base = draw(_bases)
+    p = ChunkSizePredictor(draw(_models), base_chunk=base, min_chunk=draw(st.integers(0, base)),
+                           block_size=draw(_blocks))
+    return StepPlanner(p), cands, draw(_budgets), draw(_max_requests)
 
 
 @settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -58,9 +58,20 @@ def parse(path: Path) -> Page:
     prose: list[str] = []
     fence: str | None = None
     block: list[str] = []
+    paragraph: list[str] = []
+
+    def end_paragraph() -> None:
+        # A code span may wrap onto the next line; Markdown reads the line break as a space.
+        text = " ".join(paragraph)
+        for span in _INLINE.finditer(text):
+            spans.add(" ".join(span.group(2).split()))
+        prose.append(_INLINE.sub(" ", text))
+        paragraph.clear()
+
     for line in path.read_text(encoding="utf-8").splitlines():
         m = _FENCE.match(line.strip())
         if fence is None and m:
+            end_paragraph()
             fence = m.group(1)
             block = []
             continue
@@ -74,9 +85,16 @@ def parse(path: Path) -> Page:
         h = _HEADING.match(line)
         if h:
             headings.append(len(h.group(1)))
-        for span in _INLINE.finditer(line):
-            spans.add(span.group(2).strip())
-        prose.append(_INLINE.sub(" ", line))
+        if not line.strip() or h:
+            end_paragraph()
+        # Table rows are paragraphs of their own: a row never continues onto the next line.
+        if line.lstrip().startswith("|"):
+            end_paragraph()
+            paragraph.append(line.strip())
+            end_paragraph()
+        else:
+            paragraph.append(line.strip())
+    end_paragraph()
     assert fence is None, f"{path}: unclosed code fence"
     return Page(headings, blocks, spans, "\n".join(prose))
 

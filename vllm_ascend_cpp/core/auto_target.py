@@ -277,6 +277,12 @@ class AutoTarget:
             candidates.append(base_t)
         if not candidates:
             return AutoChoice(base_t, math.nan, base_t, math.nan, 0, len(queue))
+        if len(queue) > 1:
+            # Queued work only fills the pipeline: never go below the head's own best.
+            alone = self.choose(queue[:1], budget, floor)
+            if alone is not None and math.isfinite(alone.target_ms) and alone.target_ms > 0:
+                candidates = [t for t in candidates if t >= alone.target_ms]
+                candidates.append(alone.target_ms)
         candidates.sort()
         scored: list[tuple[float, int, float]] = []
         best = math.inf

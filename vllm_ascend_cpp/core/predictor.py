@@ -214,9 +214,10 @@ class ChunkSizePredictor:
         5. Remaining: if ``remaining <= full`` the chunk is ``remaining`` (the last one).
         6. Tail rule, when ``0 < remaining - full < min_chunk``: fold the tail into this chunk
            (chunk = ``remaining``) if ``remaining <= budget``, the merged chunk costs at most
-           ``1.10 * T``, and it is no larger than the chunk this rule gave one step earlier
-           (so chunks never grow); otherwise split what is left in two, this chunk being the
-           half rounded up to ``A`` (never more than ``full``), so the last is no larger.
+           ``1.10 * T``, and it is no larger than ``full`` at history ``L - full`` (a lower
+           bound on the chunk before this one, so chunks never grow); otherwise split what is
+           left in two, this chunk being the half rounded up to ``A`` so the last is no larger
+           (if that half is not below ``full``, the chunk stays ``full``).
 
         Invariants: ``1 <= chunk <= min(remaining, budget)`` whenever both are >= 1 (0
         otherwise); every chunk that leaves something behind is a multiple of ``A`` unless
@@ -241,6 +242,8 @@ class ChunkSizePredictor:
         t = self.target_ms if time_ms is None else float(time_ms)
         desired = self._desired(history, t)
         if desired is None:
+            if not t > 0:
+                return self._fixed(cap, f"the time budget ({t:.4g} ms) is not positive")
             gamma_l = self.model.gamma * float(history)
             return self._fixed(cap,
                                f"no chunk size meets {t:.4g} ms at history {history}: "

@@ -36,14 +36,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .predictor import ChunkDecision, ChunkSizePredictor
 
 __all__ = ["Candidate", "PlannedItem", "StepPlan", "StepPlanner", "simulate"]
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+# Immutable records built once per request per step (hundreds per step with many decodes):
+# a NamedTuple costs about half of a frozen dataclass to construct.
+class Candidate(NamedTuple):
     """A request vLLM may schedule this step, in walk order.
 
     ``remaining`` is the number of tokens it still wants: the rest of the prompt for a
@@ -56,8 +58,7 @@ class Candidate:
     is_prefill: bool
 
 
-@dataclass(frozen=True, slots=True)
-class PlannedItem:
+class PlannedItem(NamedTuple):
     req_id: str
     history: int
     tokens: int
@@ -93,23 +94,60 @@ def simulate(candidates: Sequence[Candidate], token_budget: int, prefill_cap: in
              max_requests: int | None = None) -> tuple[PlannedItem, ...]:
     """Replay vLLM's walk under ``token_budget`` and ``prefill_cap`` (0 = no cap)."""
     items: list[PlannedItem] = []
+    append = items.append
     left = int(token_budget)
+    cap = int(prefill_cap)
     limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
                                                                     int(max_requests)))
     for i in range(limit):
         if left <= 0:
             break
-        cand = candidates[i]
-        n = cand.remaining
-        if cand.is_prefill and 0 < prefill_cap < n:
-            n = prefill_cap
+        req_id, history, n, is_prefill = candidates[i]
+        if is_prefill and 0 < cap < n:
+            n = cap
         if n > left:
             n = left
         if n <= 0:
             break
-        items.append(PlannedItem(cand.req_id, cand.history, n, cand.is_prefill))
+        append(PlannedItem(req_id, history, n, is_prefill))
         left -= n
     return tuple(items)
+
+
+def _simulate_ms(model, candidates: Sequence[Candidate], token_budget: int, prefill_cap: int,
+                 max_requests: int | None) -> tuple[tuple[PlannedItem, ...], float]:
+    """:func:`simulate` and the model's cost of its items, in one pass."""
+    a, b, g = model.a, model.b, model.gamma
+    total = model.c
+    items: list[PlannedItem] = []
+    append = items.append
+    left = int(token_budget)
+    cap = int(prefill_cap)
+    limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
+                                                                    int(max_requests)))
+    for i in range(limit):
+        if left <= 0:
+            break
+        req_id, L, n, is_prefill = candidates[i]
+        if is_prefill and 0 < cap < n:
+            n = cap
+        if n > left:
+            n = left
+        if n <= 0:
+            break
+        append(PlannedItem(req_id, L, n, is_prefill))
+        total += g * L + b * n + a * (2.0 * L * n + n * n)
+        left -= n
+    return tuple(items), total
+
+
+def _items_ms(model, items: Sequence[PlannedItem]) -> float:
+    """``model.step_ms`` of the items, inlined: this runs once per step over every item."""
+    a, b, g = model.a, model.b, model.gamma
+    total = model.c
+    for _, L, x, _ in items:
+        total += g * L + b * x + a * (2.0 * L * x + x * x)
+    return total
 
 
 class StepPlanner:
@@ -122,7 +160,7 @@ class StepPlanner:
                   max_requests: int | None, reason: str) -> StepPlan:
         items = simulate(candidates, max_budget, 0, max_requests)
         model = self.predictor.model
-        ms = model.step_ms([(it.history, it.tokens) for it in items]) if model else math.nan
+        ms = _items_ms(model, items) if model else math.nan
         return StepPlan(max_budget, 0, items, ms, fallback=True, reason=reason)
 
     def _smallest_chunk(self, remaining: int, budget: int) -> ChunkDecision:
@@ -145,34 +183,40 @@ class StepPlanner:
                                   f"the step target is not a positive number ({target!r} ms)")
         model = p.model
 
-        # The part of the queue vLLM's walk can reach at all.
+        # The part of the queue vLLM's walk can reach at all: candidates[:end].
         limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
                                                                         int(max_requests)))
-        walk: list[Candidate] = []
+        # One pass collects what the decision needs; the decodes' sums let _budget skip them
+        # (with hundreds of running decodes every pass over the queue counts).
+        end = limit
         lead_index = -1
         last_decode = -1
         decode_tokens = 0
         decode_cost = 0.0
+        before = 0  # tokens the walk gives to requests ahead of the lead
+        prefills: list[int] = []
+        ca, cb, cg = model.a, model.b, model.gamma
         for i in range(limit):
-            cand = candidates[i]
-            if cand.remaining <= 0:
+            _, L, x, is_prefill = candidates[i]
+            if x <= 0:
+                end = i
                 break
-            walk.append(cand)
-            if cand.is_prefill:
+            if is_prefill:
                 if lead_index < 0:
                     lead_index = i
+                    before = decode_tokens
+                prefills.append(i)
             else:
                 last_decode = i
-                decode_tokens += cand.remaining
-                decode_cost += model.chunk_cost_ms(cand.history, cand.remaining)
-        if not walk:
+                decode_tokens += x
+                decode_cost += cg * L + cb * x + ca * (2.0 * L * x + x * x)
+        if end == 0:
             return StepPlan(max_budget, 0, (), model.step_ms(()), fallback=False)
 
         lead: ChunkDecision | None = None
         cap = 0
         if lead_index >= 0:
-            head = walk[lead_index]
-            before = sum(c.remaining for c in walk[:lead_index])
+            head = candidates[lead_index]
             lead_budget = max_budget - decode_tokens
             if lead_budget < 1:
                 # Decodes alone fill max_budget; the lead still gets a token if the ones
@@ -186,42 +230,66 @@ class StepPlanner:
                     lead = self._smallest_chunk(head.remaining, lead_budget)
                 cap = lead.chunk if lead.chunk < head.remaining else 0
 
-        budget = self._budget(walk, cap, max_budget, target,
-                              max(last_decode, lead_index if lead is not None else -1))
-        items = simulate(candidates, budget, cap, max_requests)
-        ms = model.step_ms([(it.history, it.tokens) for it in items])
+        last_forced = max(last_decode, lead_index if lead is not None else -1)
+        forced_tokens = decode_tokens
+        forced_cost = decode_cost
+        for i in prefills:
+            if i > last_forced:
+                break
+            _, L, n, _ = candidates[i]
+            if 0 < cap < n:
+                n = cap
+            forced_tokens += n
+            forced_cost += cg * L + cb * n + ca * (2.0 * L * n + n * n)
+        budget = self._budget(candidates, end, cap, max_budget, target, last_forced,
+                              forced_tokens, forced_cost)
+        items, ms = _simulate_ms(model, candidates, budget, cap, max_requests)
         fallback = lead is not None and lead.fallback
         return StepPlan(budget, cap, items, ms, fallback=fallback,
                         reason=lead.reason if lead is not None else "", lead=lead)
 
-    def _budget(self, walk: list[Candidate], cap: int, max_budget: int, target: float,
-                last_forced: int) -> int:
-        """Tokens scheduled when forced items go in whole and the rest fill up to ``target``."""
+    def _budget(self, walk: Sequence[Candidate], end: int, cap: int, max_budget: int,
+                target: float, last_forced: int, forced_tokens: int,
+                forced_cost: float) -> int:
+        """Tokens scheduled when forced items go in whole and the rest fill up to ``target``.
+
+        ``walk[:end]`` is what the walk reaches; ``forced_tokens``/``forced_cost`` are the
+        sums over ``walk[:last_forced + 1]`` (prefills at the cap). When they fit in
+        ``max_budget`` the forced part is taken whole without walking it again.
+        """
         p = self.predictor
         model = p.model
-        used = 0
-        cost = 0.0
-        for i, cand in enumerate(walk):
-            n = cand.remaining
-            if cand.is_prefill and 0 < cap < n:
+        ca, cb, cg = model.a, model.b, model.gamma
+        if forced_tokens <= max_budget:
+            used = forced_tokens
+            cost = forced_cost
+            start = last_forced + 1
+        else:
+            used = 0
+            cost = 0.0
+            start = 0
+        for i in range(start, end):
+            _, L, n, is_prefill = walk[i]
+            if is_prefill and 0 < cap < n:
                 n = cap
             room = max_budget - used
             if room <= 0:
                 break
             if i <= last_forced:
-                n = min(n, room)
+                if n > room:
+                    n = room
                 used += n
-                cost += model.chunk_cost_ms(cand.history, n)
+                cost += cg * L + cb * n + ca * (2.0 * L * n + n * n)
                 continue
-            item_cost = model.chunk_cost_ms(cand.history, n)
+            item_cost = cg * L + cb * n + ca * (2.0 * L * n + n * n)
             if n <= room and cost + item_cost <= target:
                 used += n
                 cost += item_cost
                 continue
             # The item that crosses the target (or max_budget) gets what fits, then we stop.
-            fit = p.solve(cand.history, target - cost) if cost < target else None
+            fit = p.solve(L, target - cost) if cost < target else None
             part = 0 if fit is None else int(min(fit, n, room))
-            if part < n and cand.is_prefill:
+            if part < n and is_prefill:
                 part -= part % p.alignment
             used += max(part, 0)
             break

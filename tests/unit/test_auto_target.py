@@ -1,0 +1,210 @@
+"""``target: auto``: never predicts worse than the base target, grows with the prefill queue,
+stays sticky within a busy pipeline, and never crashes on degenerate models."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from vllm_ascend_cpp.config import CppConfig, EngineFacts
+from vllm_ascend_cpp.core.auto_target import AutoTarget, AutoTargetTracker
+from vllm_ascend_cpp.core.latency_model import LatencyModel
+from vllm_ascend_cpp.core.manager import CoreSettings, ProfilingChunkManager
+from vllm_ascend_cpp.core.predictor import ChunkSizePredictor
+from vllm_ascend_cpp.core.report import format_report, pipeline_ttft_ms
+from vllm_ascend_cpp.core.step_planner import Candidate
+from vllm_ascend_cpp.runtime import core_settings
+
+K = 1024
+
+
+def exact_ttft(p: ChunkSizePredictor, target: float, prompt: int, budget: int,
+               stages: int) -> float:
+    plan = p.with_model(p.model, target_ms=target).plan(prompt, budget=budget)
+    return pipeline_ttft_ms([c.predicted_ms for c in plan], stages)
+
+
+# A grid over the shape of the cost curve, prompt length, depth and budget: every 7th
+# combination keeps the test fast while still visiting every value of every axis.
+GRID = list(itertools.product(
+    [1e-8, 2e-7, 2e-6],          # a
+    [0.002, 0.02],               # b
+    [0.0, 3.0, 40.0],            # c
+    [0.0, 2e-4],                 # gamma
+    [3000, 40 * K, 200 * K],     # prompt
+    [2, 4, 8],                   # stages
+    [(4 * K, 1024), (16 * K, 4096)],  # (budget = base chunk, min chunk)
+))[::7]
+
+
+@pytest.mark.parametrize("a,b,c,gamma,prompt,stages,budget_min", GRID)
+def test_auto_never_predicts_worse_than_base_for_one_prompt(a, b, c, gamma, prompt, stages,
+                                                            budget_min):
+    budget, min_chunk = budget_min
+    model = LatencyModel(a=a, b=b, c=c, gamma=gamma)
+    p = ChunkSizePredictor(model, base_chunk=budget, min_chunk=min_chunk)
+    choice = AutoTarget(p, stages).choose([(0, prompt)], budget)
+    assert choice is not None and choice.target_ms > 0
+    auto = exact_ttft(p, choice.target_ms, prompt, budget, stages)
+    base = exact_ttft(p, p.target_ms, prompt, budget, stages)
+    assert auto <= base * (1 + 1e-12)
+    assert choice.predicted_ms == pytest.approx(auto)
+
+
+def test_auto_is_near_the_best_equal_cost_plan():
+    model = LatencyModel(a=2e-7, b=0.0064, c=18.0, gamma=5e-4)
+    p = ChunkSizePredictor(model, base_chunk=32 * K, min_chunk=4096)
+    choice = AutoTarget(p, 4).choose([(0, 128 * K)], 32 * K)
+    brute = min(exact_ttft(p, t, 128 * K, 32 * K, 4)
+                for t in (model.chunk_cost_ms(0, 4096) * 1.02 ** k for k in range(150)))
+    assert choice.predicted_ms <= brute * 1.01
+
+
+def test_closed_form_direction_more_overhead_fewer_steps():
+    # n* ~ sqrt((S-1) W / c): a larger per-step overhead or a shallower pipeline wants a
+    # larger target.
+    def target(c: float, stages: int) -> float:
+        p = ChunkSizePredictor(LatencyModel(a=1e-7, b=0.01, c=c), base_chunk=16 * K,
+                               min_chunk=512)
+        return AutoTarget(p, stages).choose([(0, 64 * K)], 16 * K).target_ms
+
+    assert target(2.0, 4) < target(50.0, 4)
+    assert target(20.0, 8) < target(20.0, 2)
+
+
+def test_target_grows_with_queued_prefills():
+    model = LatencyModel(a=2e-7, b=0.0064, c=18.0)
+    p = ChunkSizePredictor(model, base_chunk=16 * K, min_chunk=4096)
+    auto = AutoTarget(p, 4)
+    targets = [auto.choose([(0, 128 * K)] * q, 16 * K).target_ms for q in (1, 2, 4, 8, 16)]
+    # The forecast is ragged (whole steps), so allow a little noise between neighbours...
+    assert all(y >= 0.97 * x for x, y in zip(targets, targets[1:]))
+    # ...but queued work never lowers the head's own best, and a long queue raises it a lot.
+    assert min(targets[1:]) >= targets[0]
+    assert targets[-1] > 1.5 * targets[0]
+
+    def steps(t: float) -> int:
+        return len(p.with_model(model, target_ms=t).plan(128 * K, budget=16 * K))
+
+    assert steps(targets[-1]) < steps(targets[0])  # fewer, larger steps
+
+
+def test_floor_keeps_the_target_up():
+    p = ChunkSizePredictor(LatencyModel(a=2e-7, b=0.0064, c=18.0), base_chunk=32 * K,
+                           min_chunk=4096)
+    auto = AutoTarget(p, 4)
+    alone = auto.choose([(0, 32 * K)], 32 * K).target_ms
+    floored = auto.choose([(0, 32 * K)], 32 * K, floor_ms=4 * alone).target_ms
+    assert floored > alone
+
+
+def test_choices_are_cached_by_bucket():
+    p = ChunkSizePredictor(LatencyModel(a=2e-7, b=0.0064, c=18.0), base_chunk=16 * K,
+                           min_chunk=4096)
+    auto = AutoTarget(p, 4)
+    first = auto.choose([(0, 100_000)], 16 * K)
+    again = auto.choose([(0, 100_001)], 16 * K)
+    assert again is first and auto.cache_hits == 1 and auto.cache_misses == 1
+
+
+@pytest.mark.parametrize("model", [
+    LatencyModel(a=0.0, b=0.0, c=5.0),            # only overhead: target 0, not ready
+    LatencyModel(a=0.0, b=0.01, c=0.0),           # linear, no overhead
+    LatencyModel(a=1e-7, b=0.0, c=0.0),           # attention only
+    LatencyModel(a=0.0, b=0.0, c=0.0),            # nothing at all
+    LatencyModel(a=1e-7, b=0.01, c=10.0, gamma=1.0),  # prefix term swamps every target
+    LatencyModel(a=1e30, b=1e30, c=1e30),         # absurd scale
+])
+def test_degenerate_models_never_crash(model):
+    m = ProfilingChunkManager(CoreSettings(base_chunk=8192, min_chunk=2048, pp_size=4,
+                                           target_mode="auto", online_calibration=False))
+    m.load_profile({"model": model.to_dict()})
+    cands = [Candidate("d0", 500, 1, False), Candidate("p0", 1000, 50_000, True),
+             Candidate("p1", 0, 70_000, True)]
+    for _ in range(5):
+        plan = m.plan_step(cands, max_budget=8192)
+        assert plan.token_budget >= 1
+        cands = [Candidate(c.req_id, c.history + 100, c.remaining, c.is_prefill)
+                 for c in cands]
+    for prefills, budget in (([(0, 1)], 1), ([(10**9, 5)], 3), ([(0, 0)], 10), ([], 10)):
+        AutoTarget(m.predictor, 4).choose(prefills, budget)
+
+
+def test_manager_plans_with_the_auto_target_and_reports_it():
+    model = LatencyModel(a=2e-7, b=0.0064, c=18.0, gamma=5e-4)
+    settings = dict(base_chunk=32 * K, min_chunk=4096, pp_size=4, online_calibration=False,
+                    reference_prompt_len=128 * K)
+    base = ProfilingChunkManager(CoreSettings(**settings))
+    auto = ProfilingChunkManager(CoreSettings(**settings, target_mode="auto"))
+    for m in (base, auto):
+        m.load_profile({"model": model.to_dict()})
+    cands = [Candidate("p0", 0, 128 * K, True)]
+    b_plan = base.plan_step(cands, max_budget=32 * K)
+    a_plan = auto.plan_step(cands, max_budget=32 * K)
+    assert auto.auto is not None and auto.auto.target_ms is not None
+    assert auto.summary()["target_mode"] == "auto"
+    assert auto.summary()["auto_target_ms"] == pytest.approx(auto.auto.target_ms)
+    assert a_plan.token_budget >= 1 and not a_plan.fallback and not b_plan.fallback
+    report = auto.report
+    assert report["target_mode"] == "auto"
+    assert report["target_ms"] == pytest.approx(report["auto_target"]["target_ms"])
+    assert report["ttft_dynamic_ms"] <= base.report["ttft_dynamic_ms"] * (1 + 1e-9)
+    assert "target auto" in format_report(report)
+    assert "target auto" not in format_report(base.report)
+
+
+def test_tracker_is_sticky_for_a_head_and_rechooses_on_arrivals():
+    model = LatencyModel(a=2e-7, b=0.0064, c=18.0)
+    p = ChunkSizePredictor(model, base_chunk=32 * K, min_chunk=4096)
+    tracker = AutoTargetTracker(AutoTarget(p, 4))
+    history, remaining = 0, 128 * K
+    seen = []
+    while remaining > 0:
+        t = tracker.target_for([Candidate("a", history, remaining, True)], 32 * K)
+        seen.append(t)
+        chunk = p.with_model(model, target_ms=t).next_chunk(history, remaining, 32 * K).chunk
+        tracker.observe(model.request_ms(history, chunk))
+        history += chunk
+        remaining -= chunk
+    assert len(set(seen)) == 1 and tracker.choices_made == 1
+    # A second prompt arriving while the first is half done: the target may only grow.
+    t_alone = tracker.target_for([Candidate("b", 0, 128 * K, True)], 32 * K)
+    t_busy = tracker.target_for([Candidate("b", 64 * K, 64 * K, True),
+                                 Candidate("c", 0, 128 * K, True)], 32 * K)
+    assert t_busy >= t_alone
+    assert tracker.target_for([], 32 * K) == t_busy
+
+
+def test_a_new_head_that_was_queued_inherits_the_busy_peak():
+    model = LatencyModel(a=2e-7, b=0.0064, c=18.0)
+    p = ChunkSizePredictor(model, base_chunk=32 * K, min_chunk=4096)
+    tracker = AutoTargetTracker(AutoTarget(p, 4))
+    tracker.target_for([Candidate("a", 0, 200_000, True), Candidate("b", 0, 8 * K, True)],
+                       32 * K)
+    tracker.observe(5000.0)  # a huge step is in flight
+    inherited = tracker.target_for([Candidate("b", 0, 8 * K, True)], 32 * K)
+    fresh = AutoTargetTracker(AutoTarget(p, 4)).target_for([Candidate("b", 0, 8 * K, True)],
+                                                           32 * K)
+    assert inherited >= fresh
+
+
+def test_settings_and_runtime_mapping():
+    with pytest.raises(ValueError, match="target_mode"):
+        CoreSettings(base_chunk=8192, target_mode="fastest")
+    facts = EngineFacts(pp_size=2, tp_size=1, max_num_batched_tokens=8192, max_num_seqs=8,
+                        block_size=16, max_model_len=65536)
+    for target, mode in (("auto", "auto"), ("base", "base"), ("fixed", "base")):
+        cfg = CppConfig(enabled=True, base_chunk=8192, min_chunk=2048, target=target)
+        assert core_settings(cfg, facts).target_mode == mode
+    assert CoreSettings.from_dict(CoreSettings(base_chunk=64, target_mode="auto")
+                                  .to_dict()).target_mode == "auto"
+
+
+def test_unready_predictor_gives_no_choice():
+    p = ChunkSizePredictor(None, base_chunk=8192)
+    assert AutoTarget(p, 4).choose([(0, 10_000)], 8192) is None
+    assert AutoTargetTracker(AutoTarget(p, 4)).target_for(
+        [Candidate("a", 0, 10_000, True)], 8192) is None
+    assert math.isnan(AutoTarget(p, 4).base_target_ms)

@@ -1,0 +1,36 @@
+"""The pipeline simulator: vLLM's pipeline-parallel engine as a discrete-event model.
+
+It runs the plugin's own scheduler hook and core planner against a latency model, so policies
+(vLLM's fixed budget, CPP with the base target, CPP with ``target: auto``) can be compared at
+pipeline depths and prompt lengths this machine cannot run. numpy only; never imports vLLM.
+"""
+
+from .engine import (
+    POLICY_KINDS,
+    EngineSpec,
+    Policy,
+    SimResult,
+    Workload,
+    simulate_policies,
+    simulate_policy,
+)
+from .profile import ProfileInfo, load_profile, predicted_vs_measured, simulate_trace_policy
+from .timeline import StepSpan, Timeline, cv, pipeline_spans
+
+__all__ = [
+    "POLICY_KINDS",
+    "EngineSpec",
+    "Policy",
+    "ProfileInfo",
+    "SimResult",
+    "StepSpan",
+    "Timeline",
+    "Workload",
+    "cv",
+    "load_profile",
+    "pipeline_spans",
+    "predicted_vs_measured",
+    "simulate_policies",
+    "simulate_policy",
+    "simulate_trace_policy",
+]

@@ -1,0 +1,129 @@
+"""Read a fitted profile (the engine's ``trace_file + ".report.json"``, or a cached profile)
+and predict TTFT for a workload: the hook for checking the simulator against a real engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_ascend_cpp.core.latency_model import LatencyModel
+
+from .engine import EngineSpec, Policy, SimResult, Workload, simulate_policy
+
+__all__ = ["ProfileInfo", "load_profile", "simulate_trace_policy"]
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    model: LatencyModel
+    base_chunk: int | None
+    min_chunk: int | None
+    block_size: int
+    pp_size: int | None
+    smooth_factor: float
+    target_mode: str
+
+    def policy(self, kind: str, budget: int | None = None) -> Policy:
+        budget = int(budget or self.base_chunk or 0)
+        if budget < 1:
+            raise ValueError("the profile names no base chunk: give the budget")
+        if kind == "fixed":
+            return Policy("fixed", budget)
+        # The profile's own chunk settings apply when the budget is the one it ran with.
+        same = self.base_chunk is not None and budget == self.base_chunk
+        return Policy(kind, budget,
+                      base_chunk=self.base_chunk if same else None,
+                      min_chunk=self.min_chunk if same else None,
+                      smooth_factor=self.smooth_factor)
+
+
+def _int_or_none(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
+def load_profile(source: str | os.PathLike | Mapping) -> ProfileInfo:
+    """A report JSON (``coefficients``, ``base_chunk``, ``min_chunk``, ``alignment``,
+    ``pp_size``, ...) or a profile-cache JSON (``model`` and ``settings``; the cache file's
+    ``profile`` entry is unwrapped). Raises ValueError when there is no usable model."""
+    if isinstance(source, Mapping):
+        data: Any = source
+    else:
+        with open(os.path.expanduser(os.fspath(source)), encoding="utf-8") as fh:
+            data = json.load(fh)
+    if not isinstance(data, Mapping):
+        raise ValueError("profile must be a JSON object")
+    if isinstance(data.get("profile"), Mapping):
+        data = data["profile"]
+    coef = data.get("coefficients") or data.get("model")
+    if not isinstance(coef, Mapping):
+        raise ValueError("profile has no coefficients (report) or model (cached profile)")
+    model = LatencyModel.from_dict(coef)
+    if not model.is_physical:
+        raise ValueError("profile model has a negative coefficient")
+    settings = data.get("settings") if isinstance(data.get("settings"), Mapping) else {}
+
+    def pick(key: str) -> Any:
+        return data.get(key, settings.get(key))
+
+    block = _int_or_none(settings.get("block_size"))
+    if block is None:
+        # The report keeps the alignment, max(block_size, 64): any block size up to 64
+        # aligns alike.
+        align = _int_or_none(data.get("alignment"))
+        block = align if align is not None and align > 64 else 16
+    smooth = pick("smooth_factor")
+    smooth = float(smooth) if isinstance(smooth, (int, float)) and 0 < smooth <= 1 else 1.0
+    mode = pick("target_mode")
+    return ProfileInfo(model=model, base_chunk=_int_or_none(pick("base_chunk")),
+                       min_chunk=_int_or_none(pick("min_chunk")), block_size=block,
+                       pp_size=_int_or_none(pick("pp_size")), smooth_factor=smooth,
+                       target_mode=mode if mode in ("base", "auto") else "base")
+
+
+def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
+                          policy: str = "cpp-auto", budget: int | None = None,
+                          concurrency: int = 1, prompt_len: int | None = None,
+                          prompt_lens: Sequence[int] | None = None,
+                          num_requests: int | None = None, variable: bool = False,
+                          output_len: int = 128, stages: int | None = None,
+                          sched_ms: float = 0.0, seed: int = 0,
+                          record_timeline: bool = False) -> SimResult:
+    """Predict a real engine's run from its fitted profile.
+
+    ``policy`` is ``fixed``, ``cpp-base`` or ``cpp-auto``; ``budget`` is
+    ``max_num_batched_tokens`` (default: the profile's base chunk). Decodes run on the engine,
+    as on the CPU test bed. ``prompt_lens`` replays an exact prompt list (then ``prompt_len``,
+    ``num_requests`` and ``variable`` are ignored). ``sched_ms`` is host time per scheduler
+    call, worth setting on slow hosts. The result's ``mean_ttft_ms`` is the prediction to
+    compare with the measured mean TTFT.
+    """
+    info = profile if isinstance(profile, ProfileInfo) else load_profile(profile)
+    S = int(stages or info.pp_size or 2)
+    pol = info.policy(policy, budget)
+    if prompt_lens is not None:
+        lens = tuple(int(n) for n in prompt_lens)
+        if not lens:
+            raise ValueError("prompt_lens is empty")
+        workload = Workload(concurrency=concurrency, prompt_len=max(lens),
+                            output_len=output_len, seed=seed, prompts=lens)
+    else:
+        if prompt_len is None:
+            raise ValueError("give prompt_len or prompt_lens")
+        workload = Workload(concurrency=concurrency, num_requests=num_requests,
+                            prompt_len=int(prompt_len), variable=variable,
+                            output_len=output_len, seed=seed)
+    engine = EngineSpec(stages=S, model=info.model, block_size=info.block_size,
+                        sched_ms=float(sched_ms), seed=seed)
+    return simulate_policy(engine, pol, workload, record_timeline=record_timeline)
+
+
+def predicted_vs_measured(predicted_ms: float, measured_ms: float) -> float:
+    """Relative error of a prediction (``(pred - meas) / meas``; NaN without a measurement)."""
+    if not (math.isfinite(measured_ms) and measured_ms > 0 and math.isfinite(predicted_ms)):
+        return math.nan
+    return (predicted_ms - measured_ms) / measured_ms
