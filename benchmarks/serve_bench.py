@@ -98,7 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-overrides", default=json.dumps(BENCH_MODEL),
                    help="tiny Llama config overrides, as JSON")
     p.add_argument("--prefix-caching", action="store_true", help="leave prefix caching on")
-    p.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE")
+    # 1 GiB per stage holds about a million tokens of this model: plenty, and a smaller
+    # footprint keeps the kernel's OOM killer away on a shared machine.
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--seed", type=int, default=0, help="client seed (same prompts for both)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--workdir", default=None, help="model, logs, traces (default: a tmp dir)")
@@ -166,7 +168,14 @@ def run_client(args: argparse.Namespace, spec: ServerSpec, concurrency: int, out
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"vllm bench serve failed ({rc}); log tail:\n{tail}")
     data = json.loads(out.read_text())
-    return {k: data.get(k) for k in METRICS}
+    metrics = {k: data.get(k) for k in METRICS}
+    if metrics["failed"] or not metrics["completed"]:
+        # A run with failed requests measures the failure, not the policy: stop here.
+        errors = (data.get("errors") or [""])[:1]
+        raise RuntimeError(f"{metrics['failed']} of {args.num_prompts} requests failed at "
+                           f"concurrency {concurrency} (client log {log}); first error: "
+                           f"{str(errors[0])[-1500:]}")
+    return metrics
 
 
 def trace_summary(path: str | None) -> dict:
@@ -194,7 +203,11 @@ def run_server(args: argparse.Namespace, policy: str, model_dir: Path, work: Pat
         runs = []
         for c in args.concurrency:
             out = work / f"{policy}-c{c}.json"
-            metrics = run_client(args, spec, c, out, work / f"{policy}-c{c}.client.log")
+            try:
+                metrics = run_client(args, spec, c, out, work / f"{policy}-c{c}.client.log")
+            except RuntimeError as e:
+                raise RuntimeError(f"{policy} server: {e}\nserver log tail:\n"
+                                   f"{server.log_tail(3000)}") from None
             print(f"[serve_bench] {policy} c={c}: mean TTFT {metrics['mean_ttft_ms']:.0f} ms, "
                   f"{metrics['request_throughput']:.3f} req/s, "
                   f"{metrics['output_throughput']:.1f} out tok/s", flush=True)
@@ -213,7 +226,7 @@ def run_server(args: argparse.Namespace, policy: str, model_dir: Path, work: Pat
                 "state", "coefficients", "target_ms", "target_mode", "base_chunk",
                 "min_chunk", "alignment", "ttft_ratio")}
             result["cpp_report"]["fit"] = {k: (r.get("fit") or {}).get(k)
-                                           for k in ("ok", "r2", "median_rel_residual")}
+                                           for k in ("ok", "r2", "rel_residual")}
     return result
 
 
@@ -273,6 +286,14 @@ def markdown(meta: dict, rows: list[dict], results: list[dict]) -> str:
         )
     failed = sum(r["fixed_failed"] + r["cpp_failed"] for r in rows)
     lines += ["", f"Failed requests: {failed}."]
+    cores = os.cpu_count() or 1
+    busiest = max(max(r["load_before"][0], r["load_after"][0]) for r in results)
+    if busiest > cores:
+        lines += ["", f"**Not a measurement:** the load average reached {busiest:.1f} on "
+                  f"{cores} cores, so other work shared the machine while these servers ran. "
+                  "The run shows the benchmark works end to end; rerun it on a quiet machine "
+                  "for figures."]
+    lines.append("")
     for res in results:
         rep = res.get("cpp_report")
         if rep:

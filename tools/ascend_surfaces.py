@@ -27,6 +27,7 @@ from vllm_surfaces import (
     dotted,
     find_method,
     find_top_level,
+    method_names,
     params,
     walk_scope,
 )
@@ -119,7 +120,9 @@ def check_profile_prefill_latency(p: Probe) -> None:
 
 
 def check_worker_runners(p: Probe) -> None:
-    """Which runner classes the worker builds (compat must handle each one's _dummy_run)."""
+    """Which runner classes the worker builds (compat must handle each one's _dummy_run), and
+    its method names (vLLM refuses an extension whose names the worker already has)."""
+    p.fact("methods", method_names(p.cls))
     built = sorted({
         dotted(s.value.func) or ""
         for m in p.cls.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)

@@ -810,6 +810,45 @@ def check_worker_wrapper(p: Probe) -> None:
     p.fact("init_worker_loads_general_plugins", bool(loads), *loads[:1])
 
 
+def _super_init_calls(fn: FunctionNode) -> list[ast.Call]:
+    return [
+        c for c in walk_scope(fn)
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+        and c.func.attr == "__init__" and isinstance(c.func.value, ast.Call)
+        and dotted(c.func.value.func) == "super"
+    ]
+
+
+def check_executor_init(p: Probe) -> None:
+    """patch/executor.py wraps the base Executor.__init__: it must start the workers (through
+    _init_executor) after our wrapper has chosen the classes, and every executor class must
+    reach it (define no __init__, or call super().__init__)."""
+    init = find_method(p.cls, "__init__")
+    if p.cls.name == "Executor":
+        p.signature("params", init, "vllm_config")
+        starts = calls(init, "self._init_executor") if init else []
+        p.fact("calls _init_executor", bool(starts), *starts[:1])
+        p.expect(bool(starts), "Executor.__init__ does not call _init_executor")
+        return
+    p.fact("bases", [ast.unparse(b) for b in p.cls.bases], p.cls)
+    p.fact("defines __init__", init is not None, init)
+    ups = _super_init_calls(init) if init else []
+    p.fact("calls super().__init__", bool(ups) if init else None, *ups[:1])
+    p.expect(init is None or bool(ups), "__init__ does not call super().__init__")
+
+
+def check_worker_proc(p: Probe) -> None:
+    """Worker processes must be built through WorkerWrapperBase.init_worker, which appends
+    parallel_config.worker_extension_cls (our worker methods) to the platform's worker class."""
+    init = p.method("__init__")
+    wrappers = calls(init, "WorkerWrapperBase") if init else []
+    p.fact("builds WorkerWrapperBase", bool(wrappers), *wrappers[:1])
+    inits = [c for c in (walk_scope(init) if init else []) if isinstance(c, ast.Call)
+             and isinstance(c.func, ast.Attribute) and c.func.attr == "init_worker"]
+    p.fact("calls init_worker", bool(inits), *inits[:1])
+    p.expect(bool(wrappers) and bool(inits), "workers are not built through WorkerWrapperBase")
+
+
 def check_collective_rpc(p: Probe) -> None:
     fn = p.method("collective_rpc")
     p.signature("params", fn, "method")
@@ -912,7 +951,7 @@ SURFACES: list[Surface] = [
     Surface("output.scheduler_output", "SchedulerOutput fields", (OUTPUT,),
             ("SchedulerOutput",),
             fields("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
-                   "total_num_scheduled_tokens")),
+                   "total_num_scheduled_tokens", optional=("preempted_req_ids",))),
     Surface("output.new_request_data", "NewRequestData fields", (OUTPUT,), ("NewRequestData",),
             fields("req_id", "num_computed_tokens")),
     Surface("output.cached_request_data", "CachedRequestData fields", (OUTPUT,),
@@ -971,6 +1010,19 @@ SURFACES: list[Surface] = [
     Surface("distributed.group", "GroupCoordinator (pp/tp rank, last rank)",
             ("vllm/distributed/parallel_state.py",), ("GroupCoordinator",),
             attributes("rank_in_group", "is_last_rank")),
+    Surface("executor.init", "Executor.__init__ starts workers via _init_executor",
+            ("vllm/v1/executor/abstract.py",), ("Executor",), check_executor_init),
+    Surface("executor.multiproc", "MultiprocExecutor reaches Executor.__init__",
+            ("vllm/v1/executor/multiproc_executor.py",), ("MultiprocExecutor",),
+            check_executor_init),
+    Surface("executor.uniproc", "UniProcExecutor reaches Executor.__init__",
+            ("vllm/v1/executor/uniproc_executor.py",), ("UniProcExecutor",),
+            check_executor_init),
+    Surface("executor.ray", "RayDistributedExecutor reaches Executor.__init__",
+            ("vllm/v1/executor/ray_executor.py",), ("RayDistributedExecutor",),
+            check_executor_init),
+    Surface("executor.worker_proc", "WorkerProc builds workers via WorkerWrapperBase",
+            ("vllm/v1/executor/multiproc_executor.py",), ("WorkerProc",), check_worker_proc),
     Surface("executor.collective_rpc", "Executor.collective_rpc",
             ("vllm/v1/executor/abstract.py", "vllm/executor/executor_base.py"),
             ("Executor", "ExecutorBase"), check_collective_rpc),

@@ -152,9 +152,9 @@ def ascend_balance_scheduling(
     - 0.23.0 (ascend_config.py, `_get_config_value`): the top-level key
       `enable_balance_scheduling` if present, else the env var VLLM_ASCEND_BALANCE_SCHEDULING
       (`bool(int(...))`); an explicit `false` key overrides the env var.
-    - later (ascend_config.py `SchedulerConfig.from_additional_config`):
-      `scheduler_config.enable_balance_scheduling`, else the deprecated top-level key; the
-      env-var fallback is gone.
+    - vllm-ascend's main branch after 0.23.0 (ascend_config.py,
+      `SchedulerConfig.from_additional_config`): `scheduler_config.enable_balance_scheduling`,
+      else the deprecated top-level key; the env-var fallback is gone.
     """
     nested = _ascend_scheduler_section(additional)
     if _truthy(nested.get("enable_balance_scheduling", False)):
@@ -170,8 +170,8 @@ def ascend_balance_scheduling(
 def ascend_profiling_chunk_enabled(additional: Mapping[str, Any]) -> str | None:
     """Where vllm-ascend's own profiling chunk (its CPP) is enabled, else None.
 
-    0.23.0 reads only the top-level `profiling_chunk_config`; later releases read
-    `scheduler_config.profiling_chunk_config` first and fall back to the top-level key with a
+    0.23.0 reads only the top-level `profiling_chunk_config`; vllm-ascend's main branch reads
+    `scheduler_config.profiling_chunk_config` first and falls back to the top-level key with a
     deprecation warning. Either location enabled is refused, whatever the release.
     """
     if not isinstance(additional, Mapping):
@@ -513,6 +513,11 @@ def attach_step_ms(output: Any, step_ms: float) -> Any:
         pass
     setattr(output, STEP_MS_ATTR, float(step_ms))
     return output
+
+
+def preempted_request_ids(scheduler_output: Any) -> tuple[str, ...]:
+    """Requests vLLM preempted while building this step (empty where vLLM does not say)."""
+    return tuple(sorted(getattr(scheduler_output, "preempted_req_ids", None) or ()))
 
 
 def read_step_ms(model_runner_output: Any) -> float | None:

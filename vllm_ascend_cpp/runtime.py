@@ -34,6 +34,7 @@ class StepRecord:
     plan: StepPlan | None
     timed: bool
     state: str
+    preempted: tuple[str, ...] = ()  # requests vLLM preempted (KV cache full) for this step
 
 
 def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
@@ -125,7 +126,8 @@ class CppRuntime:
         if timed:
             setattr(output, compat.TIME_STEP_ATTR, True)
         self._pending[id(output)] = StepRecord(
-            self._step, items, plan, timed, self.manager.state.value
+            self._step, items, plan, timed, self.manager.state.value,
+            compat.preempted_request_ids(output),
         )
 
     def finished(self, output: Any, model_output: Any) -> None:

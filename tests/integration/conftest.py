@@ -63,6 +63,7 @@ def run_engine_job(
     env: dict | None = None,
     timeout: int = 900,
     driver: str = "sync",
+    rss_every_s: float | None = None,
 ) -> EngineRun:
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
@@ -70,8 +71,8 @@ def run_engine_job(
     )
     engine = dict(engine)
     engine.setdefault("model_dir", str(workdir.parent / "tiny-llama"))
-    spec_path.write_text(json.dumps(
-        {"engine": engine, "batches": batches, "env": env or {}, "driver": driver}))
+    spec_path.write_text(json.dumps({"engine": engine, "batches": batches, "env": env or {},
+                                     "driver": driver, "rss_every_s": rss_every_s}))
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, str(JOB), str(spec_path), str(result_path)],

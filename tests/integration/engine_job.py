@@ -16,6 +16,7 @@ tests, and vLLM's spawn rules are met (this file has the `__main__` guard). SPEC
   With driver "async" also "arrivals" (seconds after the batch starts, one per request) and
   "abort_mid_prefill" (indices of requests to abort once the trace shows their first prefill
   chunk; needs cpp_config.trace_file).
+- rss_every_s (driver "async"): also sample resident memory every so many seconds.
 - runs (instead of engine/batches): several engines one after another in this process, each
   {"label", "engine", "batches", "env"} (see run_many).
 
@@ -218,6 +219,16 @@ async def _async_main(spec: dict, result: dict, result_path: str) -> int:
     result["startup_s"] = time.perf_counter() - t0
     result["rss"] = [rss_snapshot("start")]
     trace_path = cpp.get("trace_file")
+    sampler = None
+    if spec.get("rss_every_s"):
+        result["rss_samples"] = []
+
+        async def sample() -> None:
+            while True:
+                await asyncio.sleep(float(spec["rss_every_s"]))
+                result["rss_samples"].append(rss_snapshot("sample"))
+
+        sampler = asyncio.create_task(sample())
     try:
         for b, batch in enumerate(spec.get("batches", [])):
             prompts = _prompts(batch)
@@ -239,6 +250,8 @@ async def _async_main(spec: dict, result: dict, result_path: str) -> int:
                                       "wall_s": time.time() - start})
             result["rss"].append(rss_snapshot(f"batch{b}"))
     finally:
+        if sampler is not None:
+            sampler.cancel()
         engine.shutdown()
     harness.dump(result_path, result)
     return 0

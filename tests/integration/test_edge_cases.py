@@ -34,7 +34,9 @@ SHORT = {"lengths": SHORT_LENGTHS, "seed": 5, "max_tokens": 3}
 # More than max_num_seqs (16) at once, and all of them fit in the small KV cache together.
 MANY_LENGTHS = [100 + 20 * i for i in range(24)]
 MANY = {"lengths": MANY_LENGTHS, "seed": 6, "max_tokens": 2}
-PREEMPT_LENGTHS = [2000] * 6  # 6 x (2000 + 300) tokens > SMALL_KV_BLOCKS * BLOCK
+# All five prompts fit (5 x 18 blocks of 96), so vLLM admits them all; then their outputs
+# grow past the cache (5 x 21 blocks) and vLLM must preempt and later recompute.
+PREEMPT_LENGTHS = [2300] * 5
 PREEMPT = {"lengths": PREEMPT_LENGTHS, "seed": 7, "max_tokens": 300}
 DECODERS = 12
 DECODE_HEAVY = {"lengths": [50] * DECODERS + [6000], "seed": 8,
@@ -164,8 +166,10 @@ def test_many_concurrent_prefills(edge_run: EngineRun) -> None:
 
 def test_preemption_and_recompute_under_a_small_kv_cache(edge_run: EngineRun) -> None:
     assert_completed(edge_run, PREEMPT)
+    prefix = f"b{batch_index(PREEMPT)}r"
+    preempted = [rid for line in edge_run.trace() for rid in line.get("preempted", [])]
     chunks = chunks_by_request(edge_run, PREEMPT)
-    # A recomputed request prefills again from an earlier point than it had reached.
+    # A recompute without a full prefix-cache hit prefills again from an earlier point.
     restarted = []
     for rid, seq in chunks.items():
         reached = 0
@@ -174,10 +178,11 @@ def test_preemption_and_recompute_under_a_small_kv_cache(edge_run: EngineRun) ->
                 restarted.append(rid)
                 break
             reached = h + n
-    print(f"preempted and recomputed: {sorted(restarted)}")
-    assert restarted, "no request was preempted: the KV cache was not small enough"
+    print(f"preemptions: {preempted}; prefilled again: {sorted(restarted)}")
+    assert preempted, "no request was preempted: the KV cache was not small enough"
+    assert all(rid.startswith(prefix) for rid in preempted), preempted
     for rid, seq in chunks.items():
-        # Every prompt was prefilled to its end at least once (recompute may re-run outputs).
+        # Every prompt was prefilled to its end at least once.
         assert max(h + n for h, n in seq) >= PREEMPT_LENGTHS[0], (rid, seq)
 
 

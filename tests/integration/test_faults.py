@@ -148,8 +148,14 @@ def test_negative_a_fit_keeps_a_model_that_never_shrinks_chunks(
     assert report["coefficients"]["b"] > 0  # the constrained fit, not a negative a
     trace = run.trace()
     assert all(line["state"] == "ready" for line in trace)
-    # With a = 0 and no prefix term every chunk costs the same: the fixed size, every time.
-    assert_fixed_chunks(trace, SEQUENTIAL)
+    # With a = 0 and no prefix term every chunk costs the same: the base size, whatever the
+    # history. Only the tail rule may split the last stretch in two (no tiny last chunk).
+    chunks = prefill_chunks(trace)
+    assert sorted(sum(n for _, n in c) for c in chunks.values()) == sorted(SEQUENTIAL)
+    for seq in chunks.values():
+        sizes = [n for _, n in seq]
+        assert all(n == BUDGET for n in sizes[:-2]), sizes
+        assert sizes[0] == min(BUDGET, sum(sizes)) and sizes[-1] <= sizes[0], sizes
 
 
 def test_calibration_that_never_passes_gives_up_once_and_retries_boundedly(

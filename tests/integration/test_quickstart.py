@@ -56,9 +56,10 @@ def _bash(block: str) -> list[str]:
 
 
 def _env(home: Path) -> dict[str, str]:
-    # The page says `python`: the interpreter running the tests is the one with vLLM and the
-    # plugin. A private HOME keeps the default profile cache out of the real one; nothing else
-    # is added, so the page's own environment variables are what the server gets.
+    # The page says `python` and `vllm-cpp`: the interpreter running the tests is the one
+    # with vLLM and the plugin. A private HOME keeps the default profile cache out of the real
+    # one; nothing else is added, so the page's own environment variables are what the server
+    # gets.
     bindir = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
             "HOME": str(home), "PYTHONUNBUFFERED": "1"}
@@ -66,7 +67,7 @@ def _env(home: Path) -> dict[str, str]:
 
 def test_page_has_the_three_cpu_blocks() -> None:
     model, server, client = quickstart_blocks()
-    assert "write_tiny_llama" in model and PAGE_MODEL_DIR in model
+    assert "vllm-cpp serve-model" in model and PAGE_MODEL_DIR in model
     assert "python -m vllm.entrypoints.openai.api_server" in server
     assert '"cpp_config": {"enabled": true}' in server
     assert "--pipeline-parallel-size 2" in server and f"--port {PAGE_PORT}" in server

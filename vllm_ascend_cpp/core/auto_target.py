@@ -46,6 +46,8 @@ MAX_QUEUE = 16
 _GRID_POINTS = 24
 _REFINE_POINTS = 8
 _CACHE_SIZE = 4096
+# Targets so small that the queue would take more steps than this are not considered.
+_MAX_STEPS = 512
 # Lets a root that is an integer up to rounding floor to that integer (as the predictor does).
 _FLOOR_SLACK = 1e-9
 
@@ -244,8 +246,9 @@ class AutoTarget:
             self._cache.popitem(last=False)
         return choice
 
-    def _bounds(self, queue: list[tuple[int, int]], budget: int) -> tuple[float, float, float]:
-        """``(lowest, highest, closed-form guess)`` of the targets worth trying."""
+    def _bounds(self, queue: list[tuple[int, int]],
+                budget: int) -> tuple[float, float, float, float]:
+        """``(lowest, highest, closed-form guess, queued work)`` of the targets worth trying."""
         p = self.predictor
         smallest = max(min(p.min_chunk, budget), min(p.alignment, budget), 1)
         low = self._cost(0, smallest)
@@ -257,16 +260,16 @@ class AutoTarget:
             guess = work / max(n, 1.0)
         else:
             guess = low
-        return low, high, guess
+        return low, high, guess, work
 
     def _search(self, queue: list[tuple[int, int]], budget: int, floor: float) -> AutoChoice:
         base_t = self.base_target_ms
-        low, high, guess = self._bounds(queue, budget)
+        low, high, guess, work = self._bounds(queue, budget)
         candidates: list[float] = []
         if math.isfinite(high) and high > 0:
             # Far below the closed-form guess only more steps are bought; cut the grid there
             # so that tiny targets do not make the forecast walk thousands of steps.
-            lo = max(low, guess / 16.0, high * 1e-6)
+            lo = max(low, guess / 16.0, high * 1e-6, work / _MAX_STEPS)
             if not lo > 0 or lo >= high:
                 candidates.append(high)
             else:
@@ -283,15 +286,16 @@ class AutoTarget:
             if alone is not None and math.isfinite(alone.target_ms) and alone.target_ms > 0:
                 candidates = [t for t in candidates if t >= alone.target_ms]
                 candidates.append(alone.target_ms)
-        candidates.sort()
         scored: list[tuple[float, int, float]] = []
         best = math.inf
-        for t in candidates:
+        # Largest first: few steps each, and a good ``best`` early lets the long forecasts of
+        # small targets stop as soon as they cannot win.
+        for t in sorted(set(candidates), reverse=True):
             value, steps = self.forecast(queue, budget, t, floor, give_up_at=best)
             scored.append((value, steps, t))
             best = min(best, value)
-        order = sorted(range(len(scored)), key=lambda i: scored[i][0])
-        i = order[0]
+        scored.sort(key=lambda s: s[2])
+        i = min(range(len(scored)), key=lambda k: (scored[k][0], -scored[k][2]))
         if self.refine_points and math.isfinite(scored[i][0]):
             left = scored[i - 1][2] if i > 0 else scored[i][2]
             right = scored[i + 1][2] if i + 1 < len(scored) else scored[i][2]

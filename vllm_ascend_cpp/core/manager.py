@@ -41,6 +41,7 @@ TIMING_PERIOD = 16
 # Recent prediction error above this keeps every step timed.
 TIMING_ERROR_THRESHOLD = 0.10
 _RECENT_ERRORS = 64
+_RECENT_EVENTS = 64
 
 
 # (str, Enum) rather than StrEnum: setup.py still admits Python 3.10.
@@ -121,7 +122,8 @@ class ProfilingChunkManager:
                              max_failed_fits=settings.max_failed_fits)
             if settings.online_calibration else None)
         self.report: dict | None = None
-        self.events: list[CalibrationEvent] = []
+        # The latest refit outcomes only: a server refits for days, memory must not grow.
+        self.events: deque[CalibrationEvent] = deque(maxlen=_RECENT_EVENTS)
         self._sizes: list[float] = []
         self._latencies: list[float] = []
         # fail() is final; a calibrator give-up is not (it may re-enable).

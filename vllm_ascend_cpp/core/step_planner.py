@@ -65,6 +65,10 @@ class PlannedItem(NamedTuple):
     is_prefill: bool
 
 
+# Builds a PlannedItem without the generated __new__'s extra Python frame (hot loops only).
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """What to tell vLLM for one step and what we expect it to schedule.
@@ -109,7 +113,7 @@ def simulate(candidates: Sequence[Candidate], token_budget: int, prefill_cap: in
             n = left
         if n <= 0:
             break
-        append(PlannedItem(req_id, history, n, is_prefill))
+        append(_new_tuple(PlannedItem, (req_id, history, n, is_prefill)))
         left -= n
     return tuple(items)
 
@@ -135,7 +139,7 @@ def _simulate_ms(model, candidates: Sequence[Candidate], token_budget: int, pref
             n = left
         if n <= 0:
             break
-        append(PlannedItem(req_id, L, n, is_prefill))
+        append(_new_tuple(PlannedItem, (req_id, L, n, is_prefill)))
         total += g * L + b * n + a * (2.0 * L * n + n * n)
         left -= n
     return tuple(items), total

@@ -202,9 +202,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     print("-" * len(header))
     for r in results:
         ratio = r.mean_ttft_ms / first if first > 0 else math.nan
+        cv = f"{r.prefill_step_cv:.3f}" if math.isfinite(r.prefill_step_cv) else "n/a"
+        bub = (f"{100 * r.bubble_fraction:.1f}%" if math.isfinite(r.bubble_fraction)
+               else "n/a")
         print(f"{r.policy:<18} {_fmt_ms(r.mean_ttft_ms):>12} {_fmt_ms(r.median_ttft_ms):>12} "
-              f"{ratio:>7.3f} {r.throughput_tok_s:>10.1f} {r.prefill_step_cv:>10.3f} "
-              f"{100 * r.bubble_fraction:>7.1f}% {r.steps:>6}")
+              f"{ratio:>7.3f} {r.throughput_tok_s:>10.1f} {cv:>10} {bub:>8} {r.steps:>6}")
     if plot_path:
         print(f"Gantt chart written to {plot_path}")
     return 0
@@ -327,6 +329,10 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
 def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
@@ -336,9 +342,8 @@ def _print_summary(s: dict) -> None:
           f"{s['prefill_steps']} with prefill, {s['timed_steps']} timed; states "
           + ", ".join(f"{k}={v}" for k, v in s["states"].items()))
     print(f"  median prediction error {_pct(s['median_prediction_error'])}; prefill step CV "
-          f"{s['prefill_step_cv_measured'] if s['prefill_step_cv_measured'] is not None else 'n/a'}"
-          f" (measured steps), {s['prefill_step_cv'] if s['prefill_step_cv'] is not None else 'n/a'}"
-          f" (all); bubbles {_pct(s['bubble_fraction'])}")
+          f"{_num(s['prefill_step_cv_measured'])} (measured steps), "
+          f"{_num(s['prefill_step_cv'])} (all); bubbles {_pct(s['bubble_fraction'])}")
     reqs = s["requests"]
     if not reqs:
         return

@@ -1,0 +1,295 @@
+"""Soak: hundreds of requests of random length at random times, on the real engine, CPP on.
+
+PP=2 on the vLLM CPU engine, online calibration on, vLLM's serving engine (AsyncLLM) driven by
+tests/integration/engine_job.py. Prompt lengths are uniform in [min_len, max_len], output
+lengths uniform in [1, max_tokens], arrivals a Poisson process of the given rate (the whole
+arrival span is capped at max_arrival_s by compressing it). Checked and reported:
+
+- completion: every request finishes with all its tokens; a request that does not is LOST;
+- waiting: each request's wait (submission to first token) against a bound derived below;
+- memory: resident memory of the engine core and both workers after a warm-up batch and at
+  the end of the run, sampled every few seconds in between (psutil).
+
+The wait bound (vLLM schedules first come, first served: running requests, then waiting ones
+in arrival order; CPP only sizes the steps). Let A_i be the requests submitted before i and
+not yet finished when i arrives, P_j a prompt length, M_j an output length, and u the
+smallest chunk the leading prefill of a step ever gets (u = max(a, min_chunk - min_chunk % a),
+a = max(block_size, 64); fixed fallback chunks are larger). Until i's first token, every step
+either runs a chunk of the earliest unfinished prefill, which belongs to A_i or is i itself
+(later arrivals queue behind i), or runs decodes only, each step then giving some request of
+A_i a token. A prompt of P tokens takes at most ceil(P/u) + 1 such chunks (the tail rule may
+halve the last piece), so i waits at most
+
+    N_i = sum_{j in A_i + {i}} (ceil(P_j / u) + 1) + sum_{j in A_i} M_j + 2 * PP   steps,
+
+the last term covering the steps already in the pipeline when i arrives and its own first
+token's trip through the stages. The bound in milliseconds is N_i times the longest interval
+between two consecutive step completions seen in the run (contention included). The step
+bound is structural (no timing) and is what tests/integration/test_soak.py asserts.
+
+    python benchmarks/soak.py                      # 300 requests, about 15-20 minutes here
+    python benchmarks/soak.py --requests 60 --rate 1.0 --out /tmp/soak-small
+Writes benchmarks/results/soak.json and soak.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "tests" / "integration" / "engine_job.py"
+RESULTS = ROOT / "benchmarks" / "results"
+
+BUDGET = 2048
+MAX_MODEL_LEN = 16384
+PP = 2
+MAX_NUM_SEQS = 16
+
+
+def workload(n: int, *, min_len: int, max_len: int, max_tokens: int, rate: float,
+             max_arrival_s: float, seed: int) -> dict:
+    """One engine_job batch: random lengths, random output lengths, Poisson arrivals."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(min_len, max_len) for _ in range(n)]
+    outs = [rng.randint(1, max_tokens) for _ in range(n)]
+    t, arrivals = 0.0, []
+    for _ in range(n):
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    span = arrivals[-1] if arrivals else 0.0
+    if span > max_arrival_s > 0:
+        arrivals = [a * max_arrival_s / span for a in arrivals]
+    return {"lengths": lengths, "max_tokens": outs, "arrivals": [round(a, 3) for a in arrivals],
+            "seed": seed}
+
+
+def job_spec(workdir: Path, batch: dict, *, warmup: dict | None = None,
+             rss_every_s: float = 5.0, num_samples: int = 64, sample_repeats: int = 3) -> dict:
+    cpp = {
+        "enabled": True,
+        "trace_file": str(workdir / "trace.jsonl"),
+        "profile_cache_dir": str(workdir / "profiles"),
+        "num_samples": num_samples,
+        "sample_repeats": sample_repeats,
+        "online_calibration": True,
+        "log_interval_s": 30,
+    }
+    engine = {"model_dir": str(workdir / "tiny-llama"), "max_num_batched_tokens": BUDGET,
+              "max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS,
+              "pipeline_parallel_size": PP, "cpp_config": cpp}
+    batches = ([warmup] if warmup else []) + [batch]
+    # 1 GiB of KV per stage holds 500k tokens here, far more than 16 running 12k prompts.
+    return {"driver": "async", "engine": engine, "batches": batches,
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "rss_every_s": rss_every_s}
+
+
+def run_job(workdir: Path, spec: dict, timeout: float) -> tuple[dict, str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    trace = Path(spec["engine"]["cpp_config"]["trace_file"])
+    if trace.exists():
+        trace.unlink()
+    spec_path, result_path, log_path = (workdir / "spec.json", workdir / "result.json",
+                                        workdir / "engine.log")
+    spec_path.write_text(json.dumps(spec))
+    with open(log_path, "w") as log:
+        proc = subprocess.run([sys.executable, str(JOB), str(spec_path), str(result_path)],
+                              stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                              cwd=str(ROOT), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    text = log_path.read_text(errors="replace")
+    if proc.returncode != 0 or not result_path.exists():
+        raise RuntimeError(f"engine job failed ({proc.returncode}):\n{text[-3000:]}")
+    return json.loads(result_path.read_text()), text
+
+
+def read_trace(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def min_lead_chunk(report: dict) -> int:
+    """u of the bound: the smallest chunk CPP gives the leading prefill of a step."""
+    align = int(report.get("alignment") or 64)
+    min_chunk = int(report.get("min_chunk") or BUDGET // 4)
+    return max(align, min_chunk - min_chunk % align)
+
+
+def analyse(batch: dict, outputs: list[dict], trace: list[dict], report: dict,
+            rss: list[dict], rss_samples: list[dict], pp: int = PP) -> dict:
+    """Every figure of the soak, from the job's outputs, trace, report and memory samples."""
+    n = len(batch["lengths"])
+    want = batch["max_tokens"]
+    completed = [o for o, m in zip(outputs, want)
+                 if o.get("finish_reason") == "length" and len(o["token_ids"]) == m
+                 and o.get("first_token") is not None]
+    lost = n - len(completed)
+    u = min_lead_chunk(report)
+    step_times = sorted(line["time"] for line in trace)
+    intervals = [b - a for a, b in zip(step_times, step_times[1:])]
+    longest_step_s = max(intervals) if intervals else math.nan
+
+    waits, rows = [], []
+    for i, o in enumerate(outputs):
+        if o.get("first_token") is None:
+            continue
+        s_i, f_i = o["submit"], o["first_token"]
+        ahead = [j for j, q in enumerate(outputs)
+                 if j != i and q["submit"] < s_i and q["finish"] > s_i]
+        bound_steps = sum(math.ceil(batch["lengths"][j] / u) + 1 for j in ahead + [i])
+        bound_steps += sum(want[j] for j in ahead) + 2 * pp
+        # Steps that completed while i waited.
+        steps = bisect.bisect_right(step_times, f_i) - bisect.bisect_right(step_times, s_i)
+        wait = f_i - s_i
+        waits.append(wait)
+        rows.append({"i": i, "prompt": batch["lengths"][i], "ahead": len(ahead),
+                     "wait_s": wait, "steps": steps, "bound_steps": bound_steps,
+                     "bound_s": bound_steps * longest_step_s})
+    worst_steps = max(rows, key=lambda r: r["steps"] / r["bound_steps"]) if rows else None
+    worst_wait = max(rows, key=lambda r: r["wait_s"]) if rows else None
+
+    states: dict[str, int] = {}
+    for line in trace:
+        states[line["state"]] = states.get(line["state"], 0) + 1
+    last = trace[-1] if trace else {}
+    start_rss = rss[1] if len(rss) > 2 else rss[0]  # after the warm-up batch, when there is one
+    end_rss = rss[-1]
+    samples = [s["total_mib"] for s in rss_samples]
+    chunks = [r["chunk"] for line in trace for r in line["requests"]]
+    return {
+        "requests": n,
+        "completed": len(completed),
+        "lost": lost,
+        "prompt_tokens": sum(batch["lengths"]),
+        "output_tokens": sum(want),
+        "arrival_span_s": max(batch["arrivals"]) if batch.get("arrivals") else 0.0,
+        "wall_s": (max(o["finish"] for o in outputs) - min(o["submit"] for o in outputs))
+        if outputs else 0.0,
+        "steps": len(trace),
+        "states": states,
+        "fit_attempts": last.get("fit_attempts"),
+        "failed_fits_at_end": last.get("failed_fits"),
+        "min_lead_chunk_u": u,
+        "chunk_sizes": {"min": min(chunks), "median": statistics.median(chunks),
+                        "max": max(chunks)} if chunks else {},
+        "wait_s": {"median": statistics.median(waits), "p90": _quantile(waits, 0.9),
+                   "max": max(waits)} if waits else {},
+        "longest_step_interval_s": longest_step_s,
+        "wait_bound": {
+            "formula": "N_i = sum_{j in A_i+{i}} (ceil(P_j/u)+1) + sum_{j in A_i} M_j + 2*PP "
+                       "steps; ms bound = N_i x longest step interval",
+            "violations_steps": sum(r["steps"] > r["bound_steps"] for r in rows),
+            "violations_time": sum(r["wait_s"] > r["bound_s"] for r in rows),
+            "max_steps_over_bound": (worst_steps["steps"] / worst_steps["bound_steps"])
+            if worst_steps else None,
+            "worst_by_steps": worst_steps,
+            "max_wait_request": worst_wait,
+        },
+        "rss_mib": {
+            "start": start_rss["total_mib"], "end": end_rss["total_mib"],
+            "start_engine_core": start_rss["engine_core_mib"],
+            "end_engine_core": end_rss["engine_core_mib"],
+            "start_workers": start_rss["workers_mib"], "end_workers": end_rss["workers_mib"],
+            "samples_min": min(samples) if samples else None,
+            "samples_max": max(samples) if samples else None,
+            "growth_mib": end_rss["total_mib"] - start_rss["total_mib"],
+        },
+        "rows": rows,
+    }
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(q * len(ys)))]
+
+
+def markdown(fig: dict, settings: dict) -> str:
+    wb, rss = fig["wait_bound"], fig["rss_mib"]
+    lines = [
+        "# Soak: random lengths, Poisson arrivals, PP=2, CPP on with online calibration",
+        "",
+        f"Settings: {json.dumps(settings)}",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| requests | {fig['requests']} |",
+        f"| completed | {fig['completed']} |",
+        f"| lost | {fig['lost']} |",
+        f"| prompt / output tokens | {fig['prompt_tokens']} / {fig['output_tokens']} |",
+        f"| arrival span / wall | {fig['arrival_span_s']:.0f} s / {fig['wall_s']:.0f} s |",
+        f"| engine steps (by CPP state) | {fig['steps']} ({fig['states']}) |",
+        f"| online refit attempts | {fig['fit_attempts']} |",
+        f"| chunk sizes min / median / max | {fig['chunk_sizes']} |",
+        f"| wait (submit to first token) median / p90 / max | "
+        f"{fig['wait_s'].get('median', 0):.2f} / {fig['wait_s'].get('p90', 0):.2f} / "
+        f"{fig['wait_s'].get('max', 0):.2f} s |",
+        f"| wait bound | {wb['formula']}, u = {fig['min_lead_chunk_u']} |",
+        f"| requests over the step bound / time bound | {wb['violations_steps']} / "
+        f"{wb['violations_time']} |",
+        f"| largest steps waited / bound | {wb['max_steps_over_bound']:.3f} |",
+        f"| longest step interval | {fig['longest_step_interval_s']:.3f} s |",
+        f"| RSS engine core + workers, start -> end | {rss['start']:.0f} -> {rss['end']:.0f} MiB "
+        f"({rss['growth_mib']:+.0f} MiB; samples {rss['samples_min']} .. {rss['samples_max']}) |",
+        "",
+    ]
+    w = wb["max_wait_request"]
+    if w:
+        lines.append(f"Longest wait: request {w['i']} ({w['prompt']} prompt tokens, {w['ahead']} "
+                     f"requests ahead) waited {w['wait_s']:.2f} s over {w['steps']} steps; its "
+                     f"bound was {w['bound_steps']} steps / {w['bound_s']:.1f} s.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--min-len", type=int, default=100)
+    ap.add_argument("--max-len", type=int, default=12000)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals per second")
+    ap.add_argument("--max-arrival-s", type=float, default=900.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS / "soak")
+    ap.add_argument("--workdir", type=Path, default=None)
+    args = ap.parse_args()
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cpp-soak-"))
+    batch = workload(args.requests, min_len=args.min_len, max_len=args.max_len,
+                     max_tokens=args.max_tokens, rate=args.rate,
+                     max_arrival_s=args.max_arrival_s, seed=args.seed)
+    warmup = {"lengths": [3000, 700, 9000, 150], "max_tokens": 4, "seed": 99}
+    spec = job_spec(workdir, batch, warmup=warmup)
+    started = time.time()
+    result, log = run_job(workdir, spec, timeout=4 * 3600)
+    trace = read_trace(Path(spec["engine"]["cpp_config"]["trace_file"]))
+    report = json.loads(Path(spec["engine"]["cpp_config"]["trace_file"] + ".report.json")
+                        .read_text())
+    outputs = result["batches"][-1]["outputs"]
+    # Only the soak batch's steps count for the bound and figures.
+    t0 = min(o["submit"] for o in outputs)
+    fig = analyse(batch, outputs, [x for x in trace if x["time"] >= t0], report,
+                  result["rss"], result.get("rss_samples", []))
+    fig["startup_s"] = result.get("startup_s")
+    fig["total_s"] = time.time() - started
+    fig["cpp_warnings"] = [x for x in log.splitlines() if "WARNING" in x and "[CPP]" in x]
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "workdir")}
+    settings.update(budget=BUDGET, max_model_len=MAX_MODEL_LEN, pp=PP, max_num_seqs=MAX_NUM_SEQS)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    full = {"settings": settings, "figures": fig}
+    Path(str(args.out) + ".json").write_text(json.dumps(full, indent=2, default=str))
+    Path(str(args.out) + ".md").write_text(markdown(fig, settings))
+    print(markdown(fig, settings))
+    print(f"workdir: {workdir}")
+    return 0 if fig["lost"] == 0 and fig["wait_bound"]["violations_steps"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
