@@ -135,7 +135,10 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
                 lens = [min(n, args.max_model_len - args.output_len - 1) for n in lens]
                 prompts = [harness.token_prompt(n, seed=rng.randrange(1 << 30)) for n in lens]
                 mark = _line_count(trace)
+                load_before = os.getloadavg()[0]
                 r = await closed_loop(engine, prompts, k, args.output_len)
+                # Other work on the 2 cores skews every figure; record it with the figure.
+                r["load_avg"] = (load_before + os.getloadavg()[0]) / 2
                 lines = _read(trace)[mark:]
                 r.update(prefill_cv_and_bubbles(lines, 2))
                 results[f"c{k}-{'var' if variable else 'fixed'}"] = r
@@ -175,7 +178,9 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
             cvs = [r["results"][key]["cv"] for r in reps if r["results"][key]["cv"] is not None]
             bub = [r["results"][key]["bubble_fraction"] for r in reps
                    if r["results"][key]["bubble_fraction"] is not None]
+            loads = [r["results"][key].get("load_avg", 0.0) for r in reps]
             table.setdefault(key, {})[name] = {
+                "load_avg_max": max(loads),
                 "ttft_ms": {"min": min(ttft) * 1e3, "median": statistics.median(ttft) * 1e3,
                             "max": max(ttft) * 1e3, "mean": statistics.mean(ttft) * 1e3},
                 "throughput": {"min": min(thr), "median": statistics.median(thr),
@@ -209,7 +214,11 @@ def markdown(table: dict, meta: dict) -> str:
                 f"| {name} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | "
                 f"{v['throughput']['median']:.1f} | {cv} | {bub} | {ratio:.3f} |"
             )
-        lines += ["", f"Tuned fixed: {tuned}.", ""]
+        worst_load = max(v.get("load_avg_max", 0.0) for v in pols.values())
+        lines += ["", f"Tuned fixed: {tuned}. Highest 1-minute load average during these runs: "
+                  f"{worst_load:.1f} on 2 cores"
+                  + (" (other work was running: treat the figures as noisy)."
+                     if worst_load > 2.5 else "."), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -180,12 +181,15 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"command": command, "python": platform.python_version(),
             "machine": platform.machine(), "processor": platform.processor() or "?",
-            "budget": BUDGET, "prompt": PROMPT, "model": MODEL.to_dict()}
+            "budget": BUDGET, "prompt": PROMPT, "model": MODEL.to_dict(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count()}
     payload = {**meta, "rows": rows, "auto_search": searches}
     out.with_suffix(".json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
     L = ["# Scheduler overhead per step (core planner + scheduler hook)", "",
-         f"Made by `{command}` on {meta['machine']} (Python {meta['python']}); this machine "
-         "runs other jobs too, so treat the figures as upper bounds.", "",
+         f"Made by `{command}` on {meta['machine']} (Python {meta['python']}, "
+         f"{meta['cpus']} CPUs, load average {meta['load_average'][0]} at the end of the run: "
+         "other jobs share the machine), so treat the figures as upper bounds.", "",
          "Each step is one call of `CppRuntime.plan`: candidate building from the scheduler's "
          "queues (through `compat`) plus `ProfilingChunkManager.plan_step`. Running requests: "
          "one 128K prefill in progress and the rest decoding, plus one waiting prefill; "
@@ -201,6 +205,14 @@ def main() -> int:
         L.append(f"| {r['policy'].removeprefix('cpp-')} | {r['running']} | {r['best_us']:.1f} | "
                  f"{r['median_us']:.1f} | {_fmt(r['new_head_best_us'])} | "
                  f"{_fmt(r['new_head_median_us'])} | {r['candidates_best_us']:.1f} |")
+    big = {r["policy"]: r for r in rows if r["running"] == 256}
+    if "cpp-base" in big:
+        r = big["cpp-base"]
+        L += ["", f"At 256 running requests, candidate building (the hook's side: one "
+              f"`compat.request_progress` and one `Candidate` per request) is "
+              f"{r['candidates_best_us']:.0f} of the {r['best_us']:.0f} us; the core planner "
+              "the rest. With the prompt's new heads falling into the same cache buckets, "
+              "'new head' steps hit the auto target's cache here."]
     L += ["", "The auto target's search itself, on a cache miss (it runs when the head of the "
           "prefill queue changes or more prefill work arrives, and its result is cached by "
           "the queue's shape; the tracker reuses the target on every other step):", "",

@@ -387,7 +387,7 @@ def write_markdown(path: Path, command: str, coef: dict, decode: dict, cells: li
     L.append("## How the coefficients were derived")
     L.append("")
     L.append("Seed 000 publishes ratios, not latencies, so only the shape of the cost curve "
-             "(a/b and c/b) can come from it; b sets the time unit.")
+             "(a/b, c/b and gamma/b) can come from it; b sets the time unit.")
     L.append("")
     L.append(f"* **b = {m.b} ms per token per stage** (assumed, from FLOPs): Kimi-K2.5 "
              "activates ~32B parameters (~64 GFLOP per token); a PP4 stage does a quarter, "

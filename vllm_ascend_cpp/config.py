@@ -116,18 +116,26 @@ def parse_cpp_config(raw: Any) -> CppConfig:
     return CppConfig(**values, given=frozenset(raw))
 
 
+# The same JSON object as `cpp_config`, for platforms whose own config refuses unknown
+# `additional_config` keys (vllm-ascend after 0.23 does, unless vLLM-Omni is installed).
+# vLLM passes the environment to the engine and every worker, so all processes see it.
+ENV_KEY = "VLLM_CPP_CONFIG"
+
+
 def cpp_config_from_additional(additional_config: Any) -> CppConfig | None:
-    """The CppConfig in vLLM's `additional_config`, or None when the key is absent."""
-    if additional_config is None:
-        return None
+    """The CppConfig in vLLM's `additional_config` (or, when absent there, in the env var
+    VLLM_CPP_CONFIG), or None when neither has it."""
     if isinstance(additional_config, str):
         try:
             additional_config = json.loads(additional_config)
         except json.JSONDecodeError:
-            return None
-    if not isinstance(additional_config, dict) or CONFIG_KEY not in additional_config:
-        return None
-    return parse_cpp_config(additional_config[CONFIG_KEY])
+            additional_config = None
+    if isinstance(additional_config, dict) and CONFIG_KEY in additional_config:
+        return parse_cpp_config(additional_config[CONFIG_KEY])
+    from_env = os.environ.get(ENV_KEY, "").strip()
+    if from_env:
+        return parse_cpp_config(from_env)
+    return None
 
 
 @dataclass(frozen=True)

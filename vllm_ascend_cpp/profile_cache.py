@@ -47,6 +47,9 @@ def cache_key_fields(vllm_config: Any, cfg: Any, facts: Any) -> dict[str, Any]:
         "base_chunk": cfg.base_chunk,
         "block_size": facts.block_size,
         "device": compat.platform_name(),
+        # Compiled graphs and eager kernels cost differently per step.
+        "enforce_eager": bool(getattr(model, "enforce_eager", False)),
+        "compilation": str(getattr(getattr(vllm_config, "compilation_config", None), "mode", "")),
         "num_samples": cfg.num_samples,
         "sample_repeats": cfg.sample_repeats,
         "versions": versions,

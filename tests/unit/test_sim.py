@@ -21,6 +21,7 @@ from vllm_ascend_cpp.sim import (
     Workload,
     load_profile,
     pipeline_spans,
+    refit_from_trace,
     simulate_policy,
     simulate_trace_policy,
 )
@@ -195,6 +196,11 @@ def test_load_profile_reads_reports_and_cached_profiles(tmp_path):
     path.write_text(json.dumps(cached))
     info = load_profile(str(path))
     assert (info.base_chunk, info.block_size, info.pp_size) == (4096, 128, 4)
+    swept = load_profile({**REPORT, "sweep": {"total_ms_by_worker": {"pp0/tp0": 50.0,
+                                                                      "pp1/tp0": 100.0}}})
+    assert swept.stage_scale == (0.5, 1.0)
+    assert load_profile({**REPORT, "sweep": {"total_ms_by_worker": {"pp0/tp0": 5}}}) \
+        .stage_scale is None
     with pytest.raises(ValueError):
         load_profile({"coefficients": {"a": -1, "b": 0, "c": 0}})
     with pytest.raises(ValueError):
@@ -214,6 +220,26 @@ def test_simulate_trace_policy_predicts_each_policy():
     assert replay.prompt_lens == [1000, 3000]
     with pytest.raises(ValueError):
         simulate_trace_policy(REPORT, policy="fixed")
+
+
+def test_refit_from_trace_recovers_the_model_and_feeds_the_prediction():
+    lines = []
+    for k in range(60):
+        L, x = (k * 1543) % 60_000, 512 + (k * 977) % 8000
+        lines.append({"requests": [{"id": "r", "history": L, "chunk": x}], "decodes": 0,
+                      "measured_ms": MODEL.request_ms(L, x) * (1 + 0.01 * ((-1) ** k))})
+    lines.append({"requests": [{"id": "r", "history": 0, "chunk": 64}], "decodes": 3,
+                  "measured_ms": 1e6})  # decodes' contexts are unknown: left out
+    fitted = refit_from_trace(lines)
+    assert fitted is not None
+    assert fitted.request_ms(30_000, 4096) == pytest.approx(MODEL.request_ms(30_000, 4096),
+                                                            rel=0.05)
+    assert refit_from_trace([]) is None
+    doubled = LatencyModel(a=2 * MODEL.a, b=2 * MODEL.b, c=2 * MODEL.c, gamma=2 * MODEL.gamma)
+    slow = simulate_trace_policy(REPORT, policy="fixed", prompt_lens=[20_000], output_len=2,
+                                 model=doubled)
+    fast = simulate_trace_policy(REPORT, policy="fixed", prompt_lens=[20_000], output_len=2)
+    assert slow.mean_ttft_ms == pytest.approx(2 * fast.mean_ttft_ms)
 
 
 # -- traces -------------------------------------------------------------------------------------

@@ -14,7 +14,13 @@ from .engine import (
     simulate_policies,
     simulate_policy,
 )
-from .profile import ProfileInfo, load_profile, predicted_vs_measured, simulate_trace_policy
+from .profile import (
+    ProfileInfo,
+    load_profile,
+    predicted_vs_measured,
+    refit_from_trace,
+    simulate_trace_policy,
+)
 from .timeline import StepSpan, Timeline, cv, pipeline_spans
 
 __all__ = [
@@ -30,6 +36,7 @@ __all__ = [
     "load_profile",
     "pipeline_spans",
     "predicted_vs_measured",
+    "refit_from_trace",
     "simulate_policies",
     "simulate_policy",
     "simulate_trace_policy",

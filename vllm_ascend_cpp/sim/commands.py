@@ -171,8 +171,11 @@ def run_simulate(args: argparse.Namespace) -> int:
                         output_len=args.output_len, decode=args.decode,
                         remote_tpot_ms=args.remote_tpot_ms,
                         remote_tpot_per_ktok_ms=args.remote_tpot_per_ktok_ms, seed=args.seed)
+    # The profile's model is the slowest stage; the report says how much faster the others ran.
+    scale = info.stage_scale if info is not None and info.stage_scale is not None \
+        and len(info.stage_scale) == stages else None
     engine = EngineSpec(stages=stages, model=model, block_size=block, sched_ms=args.sched_ms,
-                        noise=args.noise, seed=args.seed)
+                        noise=args.noise, seed=args.seed, stage_scale=scale)
     results = [simulate_policy(engine, p, workload, record_timeline=bool(args.plot))
                for p in policies]
     plot_path = None

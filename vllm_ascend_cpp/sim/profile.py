@@ -8,14 +8,17 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
+from vllm_ascend_cpp.core.fit import fit_rows
 from vllm_ascend_cpp.core.latency_model import LatencyModel
 
 from .engine import EngineSpec, Policy, SimResult, Workload, simulate_policy
 
-__all__ = ["ProfileInfo", "load_profile", "simulate_trace_policy"]
+__all__ = ["ProfileInfo", "load_profile", "refit_from_trace", "simulate_trace_policy"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class ProfileInfo:
     pp_size: int | None
     smooth_factor: float
     target_mode: str
+    # Per pipeline stage, its sweep time over the slowest stage's (the model is the slowest).
+    stage_scale: tuple[float, ...] | None = None
 
     def policy(self, kind: str, budget: int | None = None) -> Policy:
         budget = int(budget or self.base_chunk or 0)
@@ -79,10 +84,59 @@ def load_profile(source: str | os.PathLike | Mapping) -> ProfileInfo:
     smooth = pick("smooth_factor")
     smooth = float(smooth) if isinstance(smooth, (int, float)) and 0 < smooth <= 1 else 1.0
     mode = pick("target_mode")
+    pp = _int_or_none(pick("pp_size"))
     return ProfileInfo(model=model, base_chunk=_int_or_none(pick("base_chunk")),
                        min_chunk=_int_or_none(pick("min_chunk")), block_size=block,
-                       pp_size=_int_or_none(pick("pp_size")), smooth_factor=smooth,
-                       target_mode=mode if mode in ("base", "auto") else "base")
+                       pp_size=pp, smooth_factor=smooth,
+                       target_mode=mode if mode in ("base", "auto") else "base",
+                       stage_scale=_stage_scale(data.get("sweep"), pp))
+
+
+def _stage_scale(sweep: Any, pp: int | None) -> tuple[float, ...] | None:
+    """From the report's ``sweep.total_ms_by_worker`` (``"pp{r}/tp{t}": ms``): each stage's
+    share of the slowest stage, which is what the fitted model describes."""
+    if not isinstance(sweep, Mapping) or not pp:
+        return None
+    totals = sweep.get("total_ms_by_worker")
+    if not isinstance(totals, Mapping):
+        return None
+    by_stage: dict[int, float] = {}
+    for key, ms in totals.items():
+        try:
+            rank = int(str(key).split("/")[0].removeprefix("pp"))
+            value = float(ms)
+        except (TypeError, ValueError):
+            return None
+        if not (value > 0 and math.isfinite(value)):
+            return None
+        by_stage[rank] = max(by_stage.get(rank, 0.0), value)
+    if sorted(by_stage) != list(range(pp)):
+        return None
+    slowest = max(by_stage.values())
+    return tuple(by_stage[r] / slowest for r in range(pp))
+
+
+def refit_from_trace(lines: Sequence[Mapping]) -> LatencyModel | None:
+    """A model fitted to a trace's timed prefill-only steps (the plugin's own online fit).
+
+    The startup sweep can be off (a busy machine, a cold cache); what the engine measured
+    while serving is the better description of it. Steps with decodes are left out: the trace
+    does not record the decodes' context lengths. None when the fit is rejected.
+    """
+    rows, ms = [], []
+    for ln in lines:
+        meas = ln.get("measured_ms") if isinstance(ln, Mapping) else None
+        reqs = ln.get("requests") if isinstance(ln, Mapping) else None
+        if not isinstance(meas, (int, float)) or not meas > 0 or not reqs or ln.get("decodes"):
+            continue
+        items = [(int(r.get("history") or 0), int(r.get("chunk") or 0)) for r in reqs
+                 if isinstance(r, Mapping)]
+        rows.append(LatencyModel.step_features(items))
+        ms.append(float(meas))
+    if not rows:
+        return None
+    fit = fit_rows(np.vstack(rows), ms)
+    return fit.model if fit.ok else None
 
 
 def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
@@ -92,6 +146,7 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
                           num_requests: int | None = None, variable: bool = False,
                           output_len: int = 128, stages: int | None = None,
                           sched_ms: float = 0.0, seed: int = 0,
+                          stage_scale: bool = True, model: LatencyModel | None = None,
                           record_timeline: bool = False) -> SimResult:
     """Predict a real engine's run from its fitted profile.
 
@@ -99,10 +154,15 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
     ``max_num_batched_tokens`` (default: the profile's base chunk). Decodes run on the engine,
     as on the CPU test bed. ``prompt_lens`` replays an exact prompt list (then ``prompt_len``,
     ``num_requests`` and ``variable`` are ignored). ``sched_ms`` is host time per scheduler
-    call, worth setting on slow hosts. The result's ``mean_ttft_ms`` is the prediction to
-    compare with the measured mean TTFT.
+    call, worth setting on slow hosts. With ``stage_scale`` (default) and per-worker sweep
+    totals in the report, faster stages run proportionally faster than the fitted (slowest)
+    one. ``model`` replaces the profile's coefficients (e.g. :func:`refit_from_trace` of
+    the run being predicted). The result's ``mean_ttft_ms`` is the prediction to compare
+    with the measured mean TTFT.
     """
     info = profile if isinstance(profile, ProfileInfo) else load_profile(profile)
+    if model is not None:
+        info = replace(info, model=model)
     S = int(stages or info.pp_size or 2)
     pol = info.policy(policy, budget)
     if prompt_lens is not None:
@@ -117,8 +177,10 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
         workload = Workload(concurrency=concurrency, num_requests=num_requests,
                             prompt_len=int(prompt_len), variable=variable,
                             output_len=output_len, seed=seed)
+    scale = info.stage_scale if stage_scale and info.stage_scale is not None \
+        and len(info.stage_scale) == S else None
     engine = EngineSpec(stages=S, model=info.model, block_size=info.block_size,
-                        sched_ms=float(sched_ms), seed=seed)
+                        sched_ms=float(sched_ms), seed=seed, stage_scale=scale)
     return simulate_policy(engine, pol, workload, record_timeline=record_timeline)
 
 
