@@ -263,6 +263,30 @@ def request_progress(request: Any) -> tuple[int, int, bool]:
     return computed, max(remaining, 0), is_prefill
 
 
+def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
+    """(req_id, history, tokens it still needs, is prefill) of each request that needs any.
+
+    The per-step hot path: attributes read directly (every supported vLLM has them, see
+    docs/_generated/vllm_compat_table.md), with `request_progress` as the slow fallback for
+    objects that lack one.
+    """
+    out = []
+    append = out.append
+    try:
+        for r in requests:
+            computed = r.num_computed_tokens
+            need = r.num_tokens_with_spec + r.num_output_placeholders - computed
+            if need > 0:
+                append((r.request_id, computed, need, computed < r.num_prompt_tokens))
+    except AttributeError:
+        out = []
+        for r in requests:
+            history, need, is_prefill = request_progress(r)
+            if need > 0:
+                out.append((r.request_id, history, need, is_prefill))
+    return out
+
+
 def admission_limit(scheduler: Any) -> int:
     """How many requests may be active once waiting ones are admitted.
 

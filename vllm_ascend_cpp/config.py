@@ -20,6 +20,7 @@ DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "vllm-ascend-cpp", "profiles")
 # "fixed" profiles, times and traces but leaves vLLM's fixed chunks alone: an A/B baseline
 # measured through exactly the same code path.
 TARGET_MODES = ("base", "auto", "fixed")
+_WARNED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -215,10 +216,13 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
     # Clamping a fixed 4096 to small budgets instead would make every chunk the base chunk.
     min_chunk = cfg.min_chunk if cfg.min_chunk is not None else max(1, min(4096, base // 4))
     if min_chunk > base:
-        logger.warning(
-            "[CPP] cpp_config.min_chunk = %d is larger than the base chunk %d; using %d",
-            min_chunk, base, base,
-        )
+        # Validation runs up to three times per engine (front end, executor, scheduler): the
+        # operator should read this once per process, not once per call.
+        message = (f"[CPP] cpp_config.min_chunk = {min_chunk} is larger than the base chunk "
+                   f"{base}; using {base}")
+        if message not in _WARNED:
+            _WARNED.add(message)
+            logger.warning("%s", message)
         min_chunk = base
     return replace(cfg, base_chunk=base, min_chunk=min_chunk), facts
 

@@ -90,17 +90,11 @@ class CppRuntime:
         return plan
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
-        out: list[Candidate] = []
-        for req in scheduler.running:
-            history, remaining, is_prefill = compat.request_progress(req)
-            if remaining > 0:
-                out.append(Candidate(req.request_id, history, remaining, is_prefill))
-        free_slots = compat.admission_slots(scheduler)
-        for req in compat.waiting_requests(scheduler, free_slots):
-            history, remaining, is_prefill = compat.request_progress(req)
-            if remaining > 0:
-                out.append(Candidate(req.request_id, history, remaining, is_prefill))
-        return out
+        waiting = compat.waiting_requests(scheduler, compat.admission_slots(scheduler))
+        make = Candidate._make
+        return [make(t) for t in compat.pending_work(scheduler.running)] + [
+            make(t) for t in compat.pending_work(waiting)
+        ]
 
     def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> None:
         """Record what vLLM actually scheduled; mark the step for timing when sampled."""

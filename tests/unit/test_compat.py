@@ -305,3 +305,19 @@ def test_every_handled_difference_names_a_real_surface() -> None:
 
     keys = {s.key for s in vllm_surfaces.SURFACES}
     assert set(vllm_surfaces.HANDLING) <= keys
+
+
+def test_pending_work_fast_path_and_fallback() -> None:
+    from types import SimpleNamespace
+
+    from vllm_ascend_cpp import compat
+
+    full = SimpleNamespace(request_id="a", num_computed_tokens=100, num_tokens_with_spec=300,
+                           num_output_placeholders=0, num_prompt_tokens=300, num_tokens=300)
+    done = SimpleNamespace(request_id="b", num_computed_tokens=300, num_tokens_with_spec=300,
+                           num_output_placeholders=0, num_prompt_tokens=300, num_tokens=300)
+    # An older Request without num_tokens_with_spec / placeholders takes the slow path.
+    old = SimpleNamespace(request_id="c", num_computed_tokens=0, num_tokens=50,
+                          num_prompt_tokens=50)
+    assert compat.pending_work([full, done]) == [("a", 100, 200, True)]
+    assert compat.pending_work([full, old]) == [("a", 100, 200, True), ("c", 0, 50, True)]
