@@ -75,4 +75,6 @@ def test_engine_memory_does_not_grow(soak_run: tuple[EngineRun, dict]) -> None:
     # per step would keep climbing.
     half = len(samples) // 2
     assert max(samples[half:]) <= max(samples[:half]) + 64, samples
-    assert rss["end"] <= rss["start"] * 1.03 + 64, rss
+    # Start to end also covers warm-up (allocator arenas, capped oneDNN cache filling): a looser
+    # bound here; the second-half check above is the one a leak trips.
+    assert rss["end"] <= rss["start"] * 1.05 + 128, rss
