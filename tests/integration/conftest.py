@@ -55,6 +55,20 @@ class EngineRun:
         return self.result["batches"][batch]["outputs"]
 
 
+def _run_job(spec_path: Path, result_path: Path, log_path: Path, timeout: int) -> str:
+    """Run engine_job.py on a written spec; return its log, failing with the log's tail."""
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, str(JOB), str(spec_path), str(result_path)],
+            stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    text = log_path.read_text(errors="replace")
+    if proc.returncode != 0 or not result_path.exists():
+        raise AssertionError(f"engine job failed ({proc.returncode}); log tail:\n{text[-4000:]}")
+    return text
+
+
 def run_engine_job(
     workdir: Path,
     *,
@@ -73,15 +87,7 @@ def run_engine_job(
     engine.setdefault("model_dir", str(workdir.parent / "tiny-llama"))
     spec_path.write_text(json.dumps({"engine": engine, "batches": batches, "env": env or {},
                                      "driver": driver, "rss_every_s": rss_every_s}))
-    with open(log_path, "w") as log:
-        proc = subprocess.run(
-            [sys.executable, str(JOB), str(spec_path), str(result_path)],
-            stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    text = log_path.read_text(errors="replace")
-    if proc.returncode != 0 or not result_path.exists():
-        raise AssertionError(f"engine job failed ({proc.returncode}); log tail:\n{text[-4000:]}")
+    text = _run_job(spec_path, result_path, log_path, timeout)
     cpp = engine.get("cpp_config") or {}
     trace = Path(cpp["trace_file"]) if cpp.get("trace_file") else None
     return EngineRun(json.loads(result_path.read_text()), text, workdir, trace)
@@ -159,15 +165,7 @@ def run_engine_jobs(
         workdir / "spec.json", workdir / "result.json", workdir / "engine.log",
     )
     spec_path.write_text(json.dumps({"runs": runs, "env": env or {}}))
-    with open(log_path, "w") as log:
-        proc = subprocess.run(
-            [sys.executable, str(JOB), str(spec_path), str(result_path)],
-            stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    text = log_path.read_text(errors="replace")
-    if proc.returncode != 0 or not result_path.exists():
-        raise AssertionError(f"engine job failed ({proc.returncode}); log tail:\n{text[-4000:]}")
+    text = _run_job(spec_path, result_path, log_path, timeout)
     results = json.loads(result_path.read_text())["runs"]
     out = []
     for k, (r, res) in enumerate(zip(runs, results)):

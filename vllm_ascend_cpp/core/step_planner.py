@@ -120,29 +120,13 @@ def simulate(candidates: Sequence[Candidate], token_budget: int, prefill_cap: in
 
 def _simulate_ms(model, candidates: Sequence[Candidate], token_budget: int, prefill_cap: int,
                  max_requests: int | None) -> tuple[tuple[PlannedItem, ...], float]:
-    """:func:`simulate` and the model's cost of its items, in one pass."""
+    """:func:`simulate` and the model's cost of its items (``c`` included)."""
+    items = simulate(candidates, token_budget, prefill_cap, max_requests)
     a, b, g = model.a, model.b, model.gamma
     total = model.c
-    items: list[PlannedItem] = []
-    append = items.append
-    left = int(token_budget)
-    cap = int(prefill_cap)
-    limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
-                                                                    int(max_requests)))
-    for i in range(limit):
-        if left <= 0:
-            break
-        req_id, L, n, is_prefill = candidates[i]
-        if is_prefill and 0 < cap < n:
-            n = cap
-        if n > left:
-            n = left
-        if n <= 0:
-            break
-        append(_new_tuple(PlannedItem, (req_id, L, n, is_prefill)))
+    for _, L, n, _ in items:
         total += g * L + b * n + a * (2.0 * L * n + n * n)
-        left -= n
-    return tuple(items), total
+    return items, total
 
 
 def _items_ms(model, items: Sequence[PlannedItem]) -> float:
