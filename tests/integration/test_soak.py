@@ -71,8 +71,7 @@ def test_engine_memory_does_not_grow(soak_run: tuple[EngineRun, dict]) -> None:
     print(f"RSS engine core + workers: start {rss['start']:.0f} MiB, end {rss['end']:.0f} MiB, "
           f"{len(samples)} samples {min(samples, default=0):.0f}..{max(samples, default=0):.0f}")
     assert len(samples) >= 4
-    # No growth in the second half of the run beyond allocator noise (up to ~100 MiB seen
-    # here between samples): a leak per request or
+    # No growth in the second half of the run beyond allocator noise: a leak per request or
     # per step would keep climbing.
     half = len(samples) // 2
     assert max(samples[half:]) <= max(samples[:half]) + 128, samples
