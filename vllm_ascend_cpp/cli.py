@@ -20,6 +20,13 @@ from .core.latency_model import LatencyModel
 from .core.predictor import ChunkSizePredictor
 from .core.report import compare_plans, format_chunk_table
 from .demo import add_demo_parser
+from .model_args import (
+    ModelArgsError,
+    add_model_arguments,
+    describe,
+    model_from_coefficients,
+    wants_profile,
+)
 from .sim.commands import add_report_parser, add_simulate_parser
 
 PROG = "vllm-cpp"
@@ -44,12 +51,7 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Plan the chunks of one prompt from latency coefficients (or a saved "
                     "profile) and compare predicted TTFT against fixed chunks of --budget.")
     src = p.add_argument_group("latency model (coefficients in ms, or a saved profile)")
-    src.add_argument("--a", type=float, help="attention coefficient (ms per token^2)")
-    src.add_argument("--b", type=float, help="linear coefficient (ms per token)")
-    src.add_argument("--c", type=float, help="per-step overhead (ms)")
-    src.add_argument("--gamma", type=float, default=None,
-                     help="prefix coefficient (ms per cached token, default 0)")
-    src.add_argument("--profile", metavar="FILE", help="profile JSON saved by the plugin")
+    add_model_arguments(src, "profile JSON saved by the plugin")
     p.add_argument("--prompt-len", type=int, required=True, help="prompt length in tokens")
     p.add_argument("--budget", type=int, default=None,
                    help="token budget per step, also the base chunk and the fixed chunk "
@@ -84,22 +86,12 @@ def _load_profile(path: str) -> tuple[LatencyModel, dict]:
 
 
 def _plan_model(args: argparse.Namespace) -> tuple[LatencyModel, dict]:
-    coefficients = {"a": args.a, "b": args.b, "c": args.c}
-    given = [k for k, v in coefficients.items() if v is not None]
-    if args.profile is not None:
-        if given or args.gamma is not None:
-            raise CliError("give either --profile or coefficients, not both")
-        return _load_profile(args.profile)
-    if not given:
-        raise CliError("no latency model: give --a, --b and --c, or --profile FILE")
-    missing = [k for k, v in coefficients.items() if v is None]
-    if missing:
-        raise CliError("missing coefficient " + ", ".join(f"--{k}" for k in missing))
-    gamma = 0.0 if args.gamma is None else args.gamma
-    for name, value in (*coefficients.items(), ("gamma", gamma)):
-        if not math.isfinite(value) or value < 0:
-            raise CliError(f"--{name} must be a finite number >= 0, got {value}")
-    return LatencyModel(a=args.a, b=args.b, c=args.c, gamma=gamma), {}
+    try:
+        if wants_profile(args):
+            return _load_profile(args.profile)
+        return model_from_coefficients(args), {}
+    except ModelArgsError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -139,7 +131,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"model: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g} gamma={model.gamma:.4g} "
+    print(f"model: {describe(model)} "
           f"(ms); target {predictor.target_ms:.2f} ms per chunk")
     print(f"prompt {args.prompt_len} tokens, budget {budget}, pp {args.pp}, smooth "
           f"{predictor.smooth_factor}, min chunk {predictor.min_chunk}, alignment "

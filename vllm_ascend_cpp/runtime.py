@@ -35,6 +35,7 @@ class StepRecord:
     timed: bool
     state: str
     preempted: tuple[str, ...] = ()  # requests vLLM preempted (KV cache full) for this step
+    scheduled_at: float = 0.0  # time.monotonic() when vLLM's schedule() returned it
 
 
 def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
@@ -69,6 +70,8 @@ class CppRuntime:
         self.steps_planned = 0
         self.steps_timed = 0
         self.fallback_warned = False
+        self._last_finish: float | None = None
+        self._last_had_prefill = False
 
     # ----- before and after vLLM's schedule() --------------------------------------------
 
@@ -121,7 +124,7 @@ class CppRuntime:
             setattr(output, compat.TIME_STEP_ATTR, True)
         self._pending[id(output)] = StepRecord(
             self._step, items, plan, timed, self.manager.state.value,
-            compat.preempted_request_ids(output),
+            compat.preempted_request_ids(output), time.monotonic(),
         )
 
     def finished(self, output: Any, model_output: Any) -> None:
@@ -130,6 +133,7 @@ class CppRuntime:
         if rec is None:
             return
         measured = compat.read_step_ms(model_output) if rec.timed else None
+        self._host_gap(rec, measured)
         if measured is not None:
             self.steps_timed += 1
             pairs = [(h, n) for _, h, n, _ in rec.items]
@@ -140,6 +144,19 @@ class CppRuntime:
         if self.trace is not None:
             self.trace.write_step(rec, measured, self.manager)
         self._maybe_summary()
+
+    def _host_gap(self, rec: StepRecord, measured: float | None) -> None:
+        # Only between prefill steps the pipeline ran back to back (this one was scheduled
+        # before the previous result came in): then the wall time between the two results is
+        # the step's forward plus whatever host work the pipeline did not hide.
+        now = time.monotonic()
+        has_prefill = any(pre for *_, pre in rec.items)
+        last = self._last_finish
+        if (measured is not None and has_prefill and self._last_had_prefill
+                and last is not None and rec.scheduled_at < last):
+            self.manager.record_host_gap((now - last) * 1000.0 - measured)
+        self._last_finish = now
+        self._last_had_prefill = has_prefill
 
     def forget(self, output: Any) -> None:
         self._pending.pop(id(output), None)
@@ -158,8 +175,8 @@ class CppRuntime:
         elif event.kind == "accepted":
             m = event.model
             logger.debug(
-                "[CPP] refit accepted: a=%.3g b=%.3g c=%.3g gamma=%.3g (rel. residual %.1f%%)",
-                m.a, m.b, m.c, m.gamma, 100 * event.rel_residual,
+                "[CPP] refit accepted: a=%.3g b=%.3g c=%.3g gamma=%.3g d=%.3g "
+                "(rel. residual %.1f%%)", m.a, m.b, m.c, m.gamma, m.d, 100 * event.rel_residual,
             )
 
     def _maybe_summary(self) -> None:

@@ -208,3 +208,43 @@ def test_unready_predictor_gives_no_choice():
     assert AutoTargetTracker(AutoTarget(p, 4)).target_for(
         [Candidate("a", 0, 10_000, True)], 8192) is None
     assert math.isnan(AutoTarget(p, 4).base_target_ms)
+
+
+def test_host_time_per_step_counts_like_c():
+    # What the pipeline does not hide between steps is paid per step: same choice as a model
+    # whose c is that much larger, and a larger target than without it.
+    model = LatencyModel(a=2.7e-6, b=0.022, c=1.0, gamma=1.5e-4, d=2.7e-6)
+    p = ChunkSizePredictor(model, base_chunk=8 * K, min_chunk=256)
+    bare = AutoTarget(p, 2).choose([(0, 16 * K)], 8 * K)
+    hosted = AutoTarget(p, 2, host_ms=4.0).choose([(0, 16 * K)], 8 * K)
+    heavier = LatencyModel(a=2.7e-6, b=0.022, c=5.0, gamma=1.5e-4, d=2.7e-6)
+    p5 = ChunkSizePredictor(heavier, base_chunk=8 * K, min_chunk=256)
+    same = AutoTarget(p5, 2).choose([(0, 16 * K)], 8 * K)
+    assert hosted.target_ms > bare.target_ms
+    assert hosted.target_ms == pytest.approx(same.target_ms)
+    for bad in (-3.0, math.nan, math.inf):
+        assert AutoTarget(p, 2, host_ms=bad).host_ms == 0.0
+
+
+def test_manager_learns_host_time_from_back_to_back_steps():
+    model = LatencyModel(a=2.7e-6, b=0.022, c=1.0, d=2.7e-6)
+    settings = dict(base_chunk=8 * K, min_chunk=256, pp_size=2, online_calibration=False,
+                    reference_prompt_len=16 * K)
+    auto = ProfilingChunkManager(CoreSettings(**settings, target_mode="auto"))
+    base = ProfilingChunkManager(CoreSettings(**settings))
+    for m in (auto, base):
+        m.load_profile({"model": model.to_dict()})
+    cands = [Candidate("p0", 0, 16 * K, True)]
+    before = auto.plan_step(cands, max_budget=8 * K)
+    for gap in [3.9, 4.1, -2.0, 4.0, 4.0, math.nan, 4.2, 3.8, 4.0, 4.0]:
+        auto.record_host_gap(gap)
+        base.record_host_gap(gap)
+    assert auto.host_ms == pytest.approx(4.0, abs=0.11)
+    assert auto.summary()["host_ms_per_step"] == auto.host_ms
+    assert base.host_ms == 0.0  # the base target does not trade steps against overhead
+    after = auto.plan_step(cands, max_budget=8 * K)
+    assert after.prefill_cap > before.prefill_cap  # fewer, larger steps
+    # A small wobble does not rebuild the tracker (its cache would be lost for nothing).
+    tracker = auto.auto
+    auto.record_host_gap(4.3)
+    assert auto.auto is tracker

@@ -111,6 +111,16 @@ def test_engine_rules() -> None:
     assert resolved.base_chunk == 2048 and resolved.min_chunk == 512  # base // 4
     big, _ = validate_for_engine(cfg, fake_vllm_config(budget=32768))
     assert big.min_chunk == 4096
+    auto, _ = validate_for_engine(parse_cpp_config({"enabled": True, "target": "auto"}),
+                                  fake_vllm_config(budget=32768))
+    assert auto.min_chunk == 256  # the auto search weighs c itself
+    tiny, _ = validate_for_engine(parse_cpp_config({"enabled": True, "target": "auto"}),
+                                  fake_vllm_config(budget=128))
+    assert tiny.min_chunk == 128
+    chosen, _ = validate_for_engine(
+        parse_cpp_config({"enabled": True, "target": "auto", "min_chunk": 1024}),
+        fake_vllm_config(budget=32768))
+    assert chosen.min_chunk == 1024
     assert facts.pp_size == 2 and facts.block_size == 16
 
     rules = [

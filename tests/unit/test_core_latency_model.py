@@ -37,10 +37,22 @@ def test_step_ms_adds_c_once_even_when_empty():
 def test_features_dot_vector_is_step_ms():
     items = [(0, 4096), (10000, 1), (123, 77)]
     f = LatencyModel.step_features(items)
-    assert f.shape == (4,)
-    assert f.tolist() == [1.0, 10123.0, 4174.0, 4096**2 + 2 * 10000 + 1 + 2 * 123 * 77 + 77**2]
+    assert f.shape == (5,)
+    assert f.tolist() == [1.0, 10123.0, 4174.0, 4096**2 + 2 * 10000 + 1 + 2 * 123 * 77 + 77**2,
+                          4096**2 + 1 + 77**2]
     assert float(f @ M.as_vector()) == pytest.approx(M.step_ms(items))
-    assert LatencyModel.step_features([]).tolist() == [1.0, 0.0, 0.0, 0.0]
+    full = LatencyModel(a=2e-6, b=0.01, c=3.0, gamma=1e-4, d=2e-6)
+    assert float(f @ full.as_vector()) == pytest.approx(full.step_ms(items))
+    assert LatencyModel.step_features([]).tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_d_is_the_unmasked_half_of_the_own_block():
+    # d = a: a kernel that computes the whole x-by-x block costs 2a*x*(L + x).
+    m = LatencyModel(a=1e-6, b=0.0, c=0.0, d=1e-6)
+    assert m.chunk_cost_ms(3000, 500) == pytest.approx(2e-6 * 500 * (3000 + 500))
+    assert not LatencyModel(a=1e-6, b=0.0, c=0.0, d=-1e-9).is_physical
+    assert LatencyModel.from_vector([1.0, 0.0, 2.0, 3e-6]).d == 0.0
+    assert LatencyModel.from_dict({"a": 1, "b": 2, "c": 3, "d": 4}).d == 4.0
 
 
 def test_vector_and_dict_round_trips():

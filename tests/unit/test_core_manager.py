@@ -109,7 +109,8 @@ def test_report_contents():
     m = profiled()
     r = m.report
     assert r["source"] == "sweep" and len(r["samples"]) == 64
-    assert set(r["coefficients"]) == {"a", "b", "c", "gamma"}
+    assert set(r["coefficients"]) == {"a", "b", "c", "gamma", "d"}
+    assert r["coefficients"]["d"] == 0.0  # a sweep at L = 0 cannot tell d from a
     assert r["fit"]["ok"] and r["fit"]["r2"] > 0.99
     assert r["target_ms"] == pytest.approx(m.predictor.target_ms)
     assert r["reference_prompt_len"] == 8 * 8192

@@ -19,6 +19,7 @@ from vllm_ascend_cpp.sim import (
     Policy,
     Timeline,
     Workload,
+    host_ms_from_trace,
     load_profile,
     pipeline_spans,
     refit_from_trace,
@@ -242,6 +243,21 @@ def test_refit_from_trace_recovers_the_model_and_feeds_the_prediction():
     assert slow.mean_ttft_ms == pytest.approx(2 * fast.mean_ttft_ms)
 
 
+def test_refit_from_a_fixed_chunk_trace_needs_the_sweep():
+    # One chunk size: x and x^2 are constant, so b and c cannot be told apart from the trace
+    # alone; the sweep's L = 0 samples pin them.
+    true = LatencyModel(a=2.7e-6, b=0.02, c=1.5, gamma=1e-4, d=2.7e-6)
+    lines = [{"requests": [{"id": "r", "history": L, "chunk": 1024}], "decodes": 0,
+              "measured_ms": true.request_ms(L, 1024)} for L in range(0, 15361, 1024)]
+    assert refit_from_trace(lines) is None
+    samples = [{"size": float(x), "latency_ms": true.request_ms(0, x)}
+               for x in range(128, 8193, 128)]
+    fitted = refit_from_trace(lines, samples)
+    assert fitted is not None
+    for L, x in ((15360, 1024), (8000, 4096), (0, 512)):
+        assert fitted.request_ms(L, x) == pytest.approx(true.request_ms(L, x), rel=0.02)
+
+
 # -- traces -------------------------------------------------------------------------------------
 
 def _trace_lines() -> list[dict]:
@@ -326,3 +342,17 @@ def test_cli_report_text_and_json(tmp_path, capsys):
     assert main(["report", "--trace", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["traces"][0]["stages"] == 3
+
+
+def test_host_time_from_trace_uses_back_to_back_prefill_steps():
+    def line(t, meas, prefill=True):
+        return {"time": t, "measured_ms": meas, "decodes": 0,
+                "requests": [{"id": "r", "history": 0, "chunk": 64}] if prefill else []}
+
+    lines = [line(10.000, 20.0), line(10.023, 20.0), line(10.047, 21.0),
+             line(10.300, 2.0, prefill=False),  # decode: the chain breaks here
+             line(10.600, 20.0), line(10.624, 21.0)]
+    assert host_ms_from_trace(lines) == pytest.approx(3.0)
+    assert host_ms_from_trace([line(1.0, 5.0)]) == 0.0
+    # A gap shorter than the forward (stages overlapping) is no host time, not negative.
+    assert host_ms_from_trace([line(1.0, 5.0), line(1.001, 5.0)]) == 0.0

@@ -92,7 +92,7 @@ class AutoTarget:
 
     def __init__(self, predictor: ChunkSizePredictor, stages: int, *,
                  grid_points: int = _GRID_POINTS, refine_points: int = _REFINE_POINTS,
-                 cache_size: int = _CACHE_SIZE) -> None:
+                 cache_size: int = _CACHE_SIZE, host_ms: float = 0.0) -> None:
         if isinstance(stages, bool) or int(stages) < 1:
             raise ValueError(f"stages must be a positive integer, got {stages!r}")
         self.predictor = predictor
@@ -107,13 +107,19 @@ class AutoTarget:
         self.ready = predictor.ready and m is not None
         if m is not None:
             self._a, self._b, self._c, self._g = m.a, m.b, m.c, m.gamma
+            # Host work between steps that the pipeline does not hide (scheduling, output
+            # handling) is paid per step like c, though no forward timing sees it.
+            h = float(host_ms)
+            self.host_ms = h if math.isfinite(h) and h > 0 else 0.0
+            self._c += self.host_ms
+            self._q = m.a + m.d
         base = predictor.target_ms
         self.base_target_ms = float(base) if base is not None else math.nan
 
     # -- the lean forecast ----------------------------------------------------------------
 
     def _cost(self, L: int, x: int) -> float:
-        return self._g * L + self._b * x + self._a * (2.0 * L * x + x * x)
+        return self._g * L + self._b * x + self._a * 2.0 * L * x + self._q * x * x
 
     def _solve(self, L: int, t: float) -> float:
         """The predictor's root (``inf`` when nothing bounds it, -1 when nothing fits)."""
@@ -121,9 +127,9 @@ class AutoTarget:
         if not rest > 0:
             return -1.0
         lin = 2.0 * self._a * L + self._b
-        if self._a == 0.0:
+        if self._q == 0.0:
             return rest / lin if lin > 0 else math.inf
-        denom = lin + math.sqrt(lin * lin + 4.0 * self._a * rest)
+        denom = lin + math.sqrt(lin * lin + 4.0 * self._q * rest)
         return 2.0 * rest / denom if denom > 0 else math.inf
 
     def _lead_chunk(self, L: int, R: int, budget: int, t: float) -> int:

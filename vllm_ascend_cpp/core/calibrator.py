@@ -1,14 +1,16 @@
 """Online recalibration of the latency model from timed serving steps.
 
-Every timed step is a row ``[1, sum L, sum x, sum(2Lx + x^2)] -> ms`` in a sliding window.
+Every timed step is a row ``[1, sum L, sum x, sum(2Lx + x^2), sum x^2] -> ms`` in a sliding
+window.
 Every ``refit_every`` new rows the window is refitted (:func:`fit.fit_rows`), and the fit must
 pass gates before it may replace the model in use:
 
 * at least ``min_rows`` rows and ``min_distinct`` distinct step shapes;
-* condition number of the column-scaled design at most ``max_condition`` (otherwise the data
-  cannot tell the coefficients apart, e.g. a window of decodes only, where
+* condition number of the column-scaled design at most ``max_condition``, over the columns
+  the fit estimates (``d`` is held at 0 when the window cannot tell it from ``a``); otherwise
+  the data cannot tell the coefficients apart, e.g. a window of decodes only, where
   ``sum(2Lx + x^2) = 2 sum L + sum x`` exactly);
-* a successful constrained fit (``a, b, gamma >= 0``) with median relative residual at most
+* a successful constrained fit (``a, b, gamma, d >= 0``) with median relative residual at most
   ``max_rel_residual``;
 * it predicts the window better than the model in use (median relative error).
 
@@ -29,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fit import fit_rows
-from .latency_model import LatencyModel
+from .fit import fit_rows, fitted_columns
+from .latency_model import COEFFICIENT_NAMES, LatencyModel
 
 __all__ = ["CalibrationEvent", "OnlineCalibrator"]
 
@@ -133,7 +135,7 @@ class OnlineCalibrator:
     def window_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The current window as ``(rows, ms)`` arrays (copies)."""
         if not self._ms:
-            return np.zeros((0, 4)), np.zeros(0)
+            return np.zeros((0, len(COEFFICIENT_NAMES))), np.zeros(0)
         return np.vstack(self._rows), np.fromiter(self._ms, dtype=np.float64)
 
     def prediction_error(self, model: LatencyModel) -> float:
@@ -197,7 +199,7 @@ class OnlineCalibrator:
         if distinct < self.min_distinct:
             return None, math.nan, (f"only {distinct} distinct step shapes in the window, "
                                     f"need {self.min_distinct}")
-        cond = scaled_condition(X)
+        cond = scaled_condition(X[:, fitted_columns(X)])
         if cond > self.max_condition:
             return None, math.nan, (f"the window cannot separate the coefficients "
                                     f"(condition number {cond:.3g} > {self.max_condition:.3g})")

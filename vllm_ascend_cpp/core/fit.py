@@ -2,14 +2,19 @@
 
 Both data sources end up here: the startup sweep (single prefills at ``L = 0``, so only ``c``,
 ``b`` and ``a`` are identifiable) and the online window (rows
-``[1, sum L, sum x, sum(2Lx + x^2)]``). The fit
+``[1, sum L, sum x, sum(2Lx + x^2), sum x^2]``). The fit
 
 * drops samples whose latency is NaN, infinite, zero or negative (counted, never used);
 * scales every column to unit maximum so the solver sees comparable magnitudes (``x^2`` is
   ~1e8 times ``1`` at realistic chunk sizes);
 * weights rows by ``1/latency``: timing noise is roughly proportional to the step time, and
   otherwise the few largest steps would decide the fit alone;
-* bounds ``a, b, gamma >= 0`` (and ``c >= 0``) with bounded-variable least squares;
+* bounds ``a, b, gamma, d >= 0`` (and ``c >= 0``) with bounded-variable least squares;
+* fixes ``d`` at 0 when the rows cannot tell it from ``a`` (no step with a cached prefix, or
+  prefixes too short to matter): ``a`` then carries the whole ``x^2`` cost, which is all
+  such rows can show; where it is ``gamma`` that makes ``d`` inseparable (one chunk size at
+  many prefixes), the fit with ``d`` and without ``gamma`` is tried too and the closer one
+  kept;
 * starts from Huber-weighted iterations (convex, so outliers cannot trap it), then drops rows
   whose relative residual is beyond 3.5 robust standard deviations (MAD) and refits on the rest.
 
@@ -29,7 +34,7 @@ from scipy.stats import spearmanr
 
 from .latency_model import LatencyModel
 
-__all__ = ["FitResult", "fit_startup", "fit_rows", "MIN_SAMPLES"]
+__all__ = ["FitResult", "fit_startup", "fit_rows", "fitted_columns", "MIN_SAMPLES"]
 
 MIN_SAMPLES = 8
 # Rows further than this many robust standard deviations from the fit are outliers.
@@ -51,6 +56,11 @@ _TRIM_ITERATIONS = 5
 # not a measurement (real sweeps here: 2-25% even on a shared, busy CPU; a sweep whose every
 # sample is 50% off: 37-67%). Online fits have their own, stricter gate (calibrator).
 _MAX_STARTUP_REL_RESIDUAL = 0.30
+# When less than this fraction of the (scaled) ``x^2`` column is left after projecting out
+# the other columns, the rows do not tell d apart from a and c: d is held at 0.
+_D_MIN_SEPARATION = 0.05
+_N_COLUMNS = 5
+_D_COLUMN = 4
 
 
 @dataclass(frozen=True)
@@ -80,31 +90,58 @@ class FitResult:
 def fit_startup(
     sizes: Sequence[float], latencies_ms: Sequence[float], *, min_samples: int = MIN_SAMPLES
 ) -> FitResult:
-    """Fit ``c + b*x + a*x^2`` to single-request prefills at ``L = 0`` (``gamma`` stays 0)."""
+    """Fit ``c + b*x + a*x^2`` to single-request prefills at ``L = 0`` (``gamma``, ``d`` stay 0).
+    """
     x = _as_1d(sizes, "sizes")
     y = _as_1d(latencies_ms, "latencies_ms")
     if x.shape != y.shape:
         raise ValueError(f"{x.size} sizes but {y.size} latencies")
     with np.errstate(over="ignore", invalid="ignore"):
-        features = np.column_stack([np.ones_like(x), np.zeros_like(x), x, x * x])
+        features = np.column_stack([np.ones_like(x), np.zeros_like(x), x, x * x,
+                                    np.zeros_like(x)])
     return _fit(features, y, min_samples=min_samples, startup=True)
 
 
 def fit_rows(
     features: np.ndarray, latencies_ms: Sequence[float], *, min_samples: int = MIN_SAMPLES
 ) -> FitResult:
-    """Fit ``[c, gamma, b, a]`` to rows ``[1, sum L, sum x, sum(2Lx + x^2)]`` -> ms.
+    """Fit ``[c, gamma, b, a, d]`` to rows ``[1, sum L, sum x, sum(2Lx + x^2), sum x^2]`` -> ms.
 
     A column that is zero in every usable row (e.g. no step had a cached prefix) cannot be
-    estimated; its coefficient is fixed at 0 rather than failing the whole fit.
+    estimated; its coefficient is fixed at 0 rather than failing the whole fit. Rows of four
+    columns (no ``sum x^2``) fit a model with ``d = 0``.
     """
     X = np.asarray(features, dtype=np.float64)
-    if X.ndim != 2 or X.shape[1] != 4:
-        raise ValueError(f"features must have shape (n, 4), got {X.shape}")
+    if X.ndim != 2 or X.shape[1] not in (4, _N_COLUMNS):
+        raise ValueError(f"features must have shape (n, 5) or (n, 4), got {X.shape}")
+    if X.shape[1] == 4:
+        X = np.column_stack([X, np.zeros(X.shape[0])])
     y = _as_1d(latencies_ms, "latencies_ms")
     if X.shape[0] != y.size:
         raise ValueError(f"{X.shape[0]} feature rows but {y.size} latencies")
     return _fit(X, y, min_samples=min_samples, startup=False)
+
+
+def fitted_columns(X: np.ndarray, exclude: tuple[int, ...] = ()) -> np.ndarray:
+    """Which coefficients a fit of these rows estimates (the rest are held at 0)."""
+    X = np.asarray(X, dtype=np.float64)
+    # Columns with no signal at all are fixed at zero instead of making the system singular.
+    free = np.any(X != 0, axis=0)
+    free[0] = True
+    for col in exclude:
+        free[col] = False
+    if X.shape[1] > _D_COLUMN and free[_D_COLUMN]:
+        others = free.copy()
+        others[_D_COLUMN] = False
+        Xo = X[:, others]
+        Xo = Xo / np.max(np.abs(Xo), axis=0)
+        col = X[:, _D_COLUMN] / np.max(np.abs(X[:, _D_COLUMN]))
+        with np.errstate(all="ignore"):
+            coef, *_ = np.linalg.lstsq(Xo, col, rcond=None)
+            left = float(np.linalg.norm(col - Xo @ coef) / np.linalg.norm(col))
+        if not left >= _D_MIN_SEPARATION:
+            free[_D_COLUMN] = False
+    return free
 
 
 def _as_1d(values: Sequence[float], name: str) -> np.ndarray:
@@ -139,9 +176,35 @@ def _fit(X: np.ndarray, y: np.ndarray, *, min_samples: int, startup: bool) -> Fi
         return _failure(f"only {n} usable {what}, need at least {min_samples}",
                         n_samples, n, n_rejected)
 
-    # Columns with no signal at all are fixed at zero instead of making the system singular.
-    free = np.any(X != 0, axis=0)
-    free[0] = True
+    masks = [fitted_columns(X)]
+    if not startup:
+        alt = _d_instead_of_gamma(X, masks[0])
+        if alt is not None:
+            masks.append(alt)
+    fits = [_fit_masked(X, y, free, min_samples=min_samples, startup=startup,
+                        n_samples=n_samples, n_rejected=n_rejected) for free in masks]
+    good = [f for f in fits if f.ok]
+    if not good:
+        return fits[0]
+    return min(good, key=lambda f: f.rel_residual)
+
+
+def _d_instead_of_gamma(X: np.ndarray, free: np.ndarray) -> np.ndarray | None:
+    """The columns with ``d`` fitted and ``gamma`` held at 0, when ``d`` was held at 0 only
+    because ``gamma`` made it inseparable (one chunk size at many prefixes: ``gamma*L`` and
+    ``2aLx`` are then the same column, and the prefix slope may belong to either)."""
+    if free[_D_COLUMN] or not free[1] or not np.any(X[:, _D_COLUMN] != 0):
+        return None
+    alt = free.copy()
+    alt[1] = False
+    alt[_D_COLUMN] = True
+    return alt if fitted_columns(X, exclude=(1,))[_D_COLUMN] else None
+
+
+def _fit_masked(X: np.ndarray, y: np.ndarray, free: np.ndarray, *, min_samples: int,
+                startup: bool, n_samples: int, n_rejected: int) -> FitResult:
+    what = "samples" if startup else "rows"
+    n = int(y.size)
     n_free = int(np.count_nonzero(free))
     if startup:
         distinct = int(np.unique(X[:, 2]).size)
@@ -191,7 +254,7 @@ def _fit(X: np.ndarray, y: np.ndarray, *, min_samples: int, startup: bool) -> Fi
         return _failure(f"only {n_used} {what} left after dropping {n_outliers} outliers, "
                         f"need at least {min_samples}", n_samples, n_used, n_rejected, n_outliers)
 
-    coef = np.zeros(4)
+    coef = np.zeros(_N_COLUMNS)
     coef[free] = beta_s / scale[free] * y_unit
     Xi = Xs[inliers]
     yi = y[inliers]
@@ -201,7 +264,7 @@ def _fit(X: np.ndarray, y: np.ndarray, *, min_samples: int, startup: bool) -> Fi
         ss_tot = float(np.sum((yi - yi.mean()) ** 2))
         r2 = 1.0 - float(np.sum((yi - yhat) ** 2)) / ss_tot if ss_tot > 0 else math.nan
 
-    if coef[1] == 0 and coef[2] == 0 and coef[3] == 0:
+    if not np.any(coef[1:]):
         names = "a = b = 0" if startup else "a = b = gamma = 0"
         return _failure(f"latency does not grow with size (the fit found {names})",
                         n_samples, n_used, n_rejected, n_outliers, r2, rel_residual)

@@ -42,6 +42,11 @@ TIMING_PERIOD = 16
 TIMING_ERROR_THRESHOLD = 0.10
 _RECENT_ERRORS = 64
 _RECENT_EVENTS = 64
+# Host gaps: the median of this many recent ones, once this many are in, rebuilt when it moves
+# by more than this fraction.
+_HOST_GAP_WINDOW = 64
+_HOST_GAP_MIN = 8
+_HOST_GAP_CHANGE = 0.25
 
 
 # (str, Enum) rather than StrEnum: setup.py still admits Python 3.10.
@@ -117,6 +122,9 @@ class ProfilingChunkManager:
             min_chunk=settings.min_chunk, block_size=settings.block_size)
         self.planner = StepPlanner(self.predictor)
         self.auto: AutoTargetTracker | None = None
+        # Per-step host time between back-to-back prefill steps, beyond the forward (ms).
+        self._host_gaps: deque[float] = deque(maxlen=_HOST_GAP_WINDOW)
+        self._host_ms_in_use = 0.0
         self.calibrator: OnlineCalibrator | None = (
             OnlineCalibrator(window=settings.calibration_window,
                              max_failed_fits=settings.max_failed_fits)
@@ -295,6 +303,7 @@ class ProfilingChunkManager:
             "target_ms": self.predictor.target_ms,
             "target_mode": self.settings.target_mode,
             "auto_target_ms": self.auto.target_ms if self.auto is not None else None,
+            "host_ms_per_step": self._host_ms_in_use,
             "steps_planned": self._steps_planned,
             "fallback_steps": self._fallback_steps,
             "steps_timed": self._steps_timed,
@@ -313,6 +322,38 @@ class ProfilingChunkManager:
             raise RuntimeError(f"cannot {action} in state {self.state.value} "
                                f"(expected {state.value})")
 
+    def record_host_gap(self, gap_ms: float) -> None:
+        """Wall time between two back-to-back prefill steps' results, minus the later step's
+        forward: the host's share of a step, which the auto target pays per step like ``c``.
+        The auto target is rebuilt when the median moves by more than a quarter."""
+        try:
+            gap = float(gap_ms)
+        except (TypeError, ValueError):
+            return
+        if not math.isfinite(gap):
+            return
+        self._host_gaps.append(max(0.0, gap))
+        if len(self._host_gaps) < _HOST_GAP_MIN or self.settings.target_mode != "auto":
+            return
+        host = float(np.median(self._host_gaps))
+        used = self._host_ms_in_use
+        if abs(host - used) > _HOST_GAP_CHANGE * max(used, 0.25):
+            self.use_host_ms(host)
+
+    def use_host_ms(self, host_ms: float) -> None:
+        """Set the host time per step the auto target adds to ``c`` (the simulator sets it;
+        a serving engine learns it through :meth:`record_host_gap`)."""
+        host = float(host_ms)
+        self._host_ms_in_use = host if math.isfinite(host) and host > 0 else 0.0
+        if self.auto is not None:
+            self.auto = AutoTargetTracker(AutoTarget(self.predictor, self.settings.pp_size,
+                                                     host_ms=self._host_ms_in_use))
+
+    @property
+    def host_ms(self) -> float:
+        """The host time per step the auto target currently adds to ``c``."""
+        return self._host_ms_in_use
+
     def _use_model(self, model: LatencyModel) -> None:
         predictor = self.predictor.with_model(model)
         if not predictor.ready:
@@ -325,7 +366,8 @@ class ProfilingChunkManager:
         self.predictor = predictor
         self.planner = StepPlanner(predictor)
         # A new model changes every forecast: start the auto target afresh.
-        self.auto = (AutoTargetTracker(AutoTarget(predictor, self.settings.pp_size))
+        self.auto = (AutoTargetTracker(AutoTarget(predictor, self.settings.pp_size,
+                                                  host_ms=self._host_ms_in_use))
                      if self.settings.target_mode == "auto" else None)
         if not self._failed_for_good:
             self.state = CppState.CALIBRATING if self.calibrator is not None else CppState.READY

@@ -1,11 +1,12 @@
 """Chunk sizing: how many prompt tokens a prefill should run next so its step costs the target.
 
-With the latency model ``t(L, x) = c + gamma*L + b*x + a*(2Lx + x^2)`` a chunk of ``x`` tokens
-after ``L`` cached ones costs ``T`` (``c`` excluded, it is paid by every step alike) when
+With the latency model ``t(L, x) = c + gamma*L + b*x + a*(2Lx + x^2) + d*x^2`` a chunk of
+``x`` tokens after ``L`` cached ones costs ``T`` (``c`` excluded, it is paid by every step
+alike) when
 
-    a*x^2 + (2aL + b)*x = T - gamma*L.
+    (a + d)*x^2 + (2aL + b)*x = T - gamma*L.
 
-The target ``T`` defaults to what the base chunk costs at ``L = 0`` (``b*base + a*base^2``),
+The target ``T`` defaults to what the base chunk costs at ``L = 0`` (``b*base + (a + d)*base^2``),
 so every chunk of a long prompt costs what its first one did. See
 :meth:`ChunkSizePredictor.next_chunk` for the clamps applied to the raw root and the order they
 run in.
@@ -116,7 +117,7 @@ class ChunkSizePredictor:
             return "no latency model yet"
         if not m.is_physical:
             return (f"the latency model has a negative work coefficient "
-                    f"(a={m.a:.3g}, b={m.b:.3g}, gamma={m.gamma:.3g})")
+                    f"(a={m.a:.3g}, b={m.b:.3g}, gamma={m.gamma:.3g}, d={m.d:.3g})")
         t = self.target_ms
         if t is None or not math.isfinite(t) or t <= 0:
             return f"the target latency is not a positive number ({t!r} ms)"
@@ -137,7 +138,7 @@ class ChunkSizePredictor:
     # -- the raw root ---------------------------------------------------------------------
 
     def solve(self, history: int, time_ms: float | None = None) -> float | None:
-        """Positive root ``x`` of ``a*x^2 + (2aL + b)*x = time_ms - gamma*L``.
+        """Positive root ``x`` of ``(a + d)*x^2 + (2aL + b)*x = time_ms - gamma*L``.
 
         ``time_ms`` defaults to the target. Returns ``None`` without a usable model or when
         ``time_ms - gamma*L <= 0``; ``inf`` when no size reaches the time (``a = b = 0``).
@@ -155,11 +156,12 @@ class ChunkSizePredictor:
         if rest == math.inf:
             return math.inf
         lin = 2.0 * m.a * L + m.b
-        if m.a == 0.0:
+        quad = m.a + m.d
+        if quad == 0.0:
             return rest / lin if lin > 0 else math.inf
-        # 2R / (B + sqrt(B^2 + 4aR)) is the root without the cancellation that
-        # (-B + sqrt(...)) / 2a suffers when 4aR << B^2 (long prefixes, small a).
-        denom = lin + math.sqrt(lin * lin + 4.0 * m.a * rest)
+        # 2R / (B + sqrt(B^2 + 4qR)) is the root without the cancellation that
+        # (-B + sqrt(...)) / 2q suffers when 4qR << B^2 (long prefixes, small a).
+        denom = lin + math.sqrt(lin * lin + 4.0 * quad * rest)
         if not denom > 0:
             return math.inf
         x = 2.0 * rest / denom

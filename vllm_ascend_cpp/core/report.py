@@ -157,9 +157,9 @@ def format_report(report: dict) -> str:
             lines.append("    " + "  ".join(cells))
     coef = report.get("coefficients")
     if coef:
-        lines.append(f"  model: t = c + gamma*L + b*x + a*(2Lx + x^2) ms with "
+        lines.append(f"  model: t = c + gamma*L + b*x + a*(2Lx + x^2) + d*x^2 ms with "
                      f"a={coef['a']:.4g} b={coef['b']:.4g} c={coef['c']:.4g} "
-                     f"gamma={coef['gamma']:.4g}")
+                     f"gamma={coef['gamma']:.4g} d={coef.get('d', 0.0):.4g}")
     else:
         lines.append("  model: none")
     fit = report.get("fit")

@@ -122,19 +122,19 @@ def _simulate_ms(model, candidates: Sequence[Candidate], token_budget: int, pref
                  max_requests: int | None) -> tuple[tuple[PlannedItem, ...], float]:
     """:func:`simulate` and the model's cost of its items (``c`` included)."""
     items = simulate(candidates, token_budget, prefill_cap, max_requests)
-    a, b, g = model.a, model.b, model.gamma
+    a, b, g, d = model.a, model.b, model.gamma, model.d
     total = model.c
     for _, L, n, _ in items:
-        total += g * L + b * n + a * (2.0 * L * n + n * n)
+        total += g * L + b * n + a * (2.0 * L * n + n * n) + d * n * n
     return items, total
 
 
 def _items_ms(model, items: Sequence[PlannedItem]) -> float:
     """``model.step_ms`` of the items, inlined: this runs once per step over every item."""
-    a, b, g = model.a, model.b, model.gamma
+    a, b, g, d = model.a, model.b, model.gamma, model.d
     total = model.c
     for _, L, x, _ in items:
-        total += g * L + b * x + a * (2.0 * L * x + x * x)
+        total += g * L + b * x + a * (2.0 * L * x + x * x) + d * x * x
     return total
 
 
@@ -183,7 +183,7 @@ class StepPlanner:
         decode_cost = 0.0
         before = 0  # tokens the walk gives to requests ahead of the lead
         prefills: list[int] = []
-        ca, cb, cg = model.a, model.b, model.gamma
+        ca, cb, cg, cd = model.a, model.b, model.gamma, model.d
         for i in range(limit):
             _, L, x, is_prefill = candidates[i]
             if x <= 0:
@@ -197,7 +197,7 @@ class StepPlanner:
             else:
                 last_decode = i
                 decode_tokens += x
-                decode_cost += cg * L + cb * x + ca * (2.0 * L * x + x * x)
+                decode_cost += cg * L + cb * x + ca * (2.0 * L * x + x * x) + cd * x * x
         if end == 0:
             return StepPlan(max_budget, 0, (), model.step_ms(()), fallback=False)
 
@@ -228,7 +228,7 @@ class StepPlanner:
             if 0 < cap < n:
                 n = cap
             forced_tokens += n
-            forced_cost += cg * L + cb * n + ca * (2.0 * L * n + n * n)
+            forced_cost += cg * L + cb * n + ca * (2.0 * L * n + n * n) + cd * n * n
         budget = self._budget(candidates, end, cap, max_budget, target, last_forced,
                               forced_tokens, forced_cost)
         items, ms = _simulate_ms(model, candidates, budget, cap, max_requests)
@@ -247,7 +247,7 @@ class StepPlanner:
         """
         p = self.predictor
         model = p.model
-        ca, cb, cg = model.a, model.b, model.gamma
+        ca, cb, cg, cd = model.a, model.b, model.gamma, model.d
         if forced_tokens <= max_budget:
             used = forced_tokens
             cost = forced_cost
@@ -267,9 +267,9 @@ class StepPlanner:
                 if n > room:
                     n = room
                 used += n
-                cost += cg * L + cb * n + ca * (2.0 * L * n + n * n)
+                cost += cg * L + cb * n + ca * (2.0 * L * n + n * n) + cd * n * n
                 continue
-            item_cost = cg * L + cb * n + ca * (2.0 * L * n + n * n)
+            item_cost = cg * L + cb * n + ca * (2.0 * L * n + n * n) + cd * n * n
             if n <= room and cost + item_cost <= target:
                 used += n
                 cost += item_cost

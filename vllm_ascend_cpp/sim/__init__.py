@@ -16,6 +16,7 @@ from .engine import (
 )
 from .profile import (
     ProfileInfo,
+    host_ms_from_trace,
     load_profile,
     predicted_vs_measured,
     refit_from_trace,
@@ -36,6 +37,7 @@ __all__ = [
     "load_profile",
     "pipeline_spans",
     "predicted_vs_measured",
+    "host_ms_from_trace",
     "refit_from_trace",
     "simulate_policies",
     "simulate_policy",

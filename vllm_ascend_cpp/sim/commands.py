@@ -10,6 +10,13 @@ import os
 from typing import Any
 
 from vllm_ascend_cpp.core.latency_model import LatencyModel
+from vllm_ascend_cpp.model_args import (
+    ModelArgsError,
+    add_model_arguments,
+    describe,
+    model_from_coefficients,
+    wants_profile,
+)
 
 from .engine import POLICY_KINDS, EngineSpec, Policy, SimResult, Workload, simulate_policy
 from .profile import ProfileInfo, load_profile
@@ -33,14 +40,8 @@ def add_simulate_parser(sub: Any) -> Any:
                     "latency model. Prints mean TTFT, throughput, prefill step CV and bubble "
                     "fraction per policy.")
     src = p.add_argument_group("latency model, per stage (coefficients in ms, or a profile)")
-    src.add_argument("--a", type=float, help="attention coefficient (ms per token^2)")
-    src.add_argument("--b", type=float, help="linear coefficient (ms per token)")
-    src.add_argument("--c", type=float, help="per-step overhead (ms)")
-    src.add_argument("--gamma", type=float, default=None,
-                     help="prefix coefficient (ms per cached token, default 0)")
-    src.add_argument("--profile", metavar="FILE",
-                     help="the engine's report JSON (trace_file + '.report.json') or a cached "
-                          "profile")
+    add_model_arguments(src, "the engine's report JSON (trace_file + '.report.json') or a "
+                             "cached profile")
     p.add_argument("--pp", type=int, default=None,
                    help="pipeline stages (default: the profile's, else 2)")
     p.add_argument("--prompt-len", type=int, required=True, help="prompt length in tokens")
@@ -79,27 +80,18 @@ def add_simulate_parser(sub: Any) -> Any:
 
 
 def _model_from_args(args: argparse.Namespace) -> tuple[LatencyModel, ProfileInfo | None]:
-    given = {k: getattr(args, k) for k in ("a", "b", "c") if getattr(args, k) is not None}
-    if args.profile is not None:
-        if given or args.gamma is not None:
-            raise _error("give either --profile or coefficients, not both")
-        try:
-            info = load_profile(args.profile)
-        except OSError as exc:
-            raise _error(f"cannot read profile {args.profile}: {exc.strerror or exc}") from None
-        except (ValueError, TypeError) as exc:
-            raise _error(f"profile {args.profile} is not usable: {exc}") from None
-        return info.model, info
-    if not given:
-        raise _error("no latency model: give --a, --b and --c, or --profile FILE")
-    missing = [k for k in ("a", "b", "c") if k not in given]
-    if missing:
-        raise _error("missing coefficient " + ", ".join(f"--{k}" for k in missing))
-    gamma = 0.0 if args.gamma is None else args.gamma
-    for name, value in (*given.items(), ("gamma", gamma)):
-        if not math.isfinite(value) or value < 0:
-            raise _error(f"--{name} must be a finite number >= 0, got {value}")
-    return LatencyModel(a=args.a, b=args.b, c=args.c, gamma=gamma), None
+    try:
+        if not wants_profile(args):
+            return model_from_coefficients(args), None
+    except ModelArgsError as exc:
+        raise _error(str(exc)) from None
+    try:
+        info = load_profile(args.profile)
+    except OSError as exc:
+        raise _error(f"cannot read profile {args.profile}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise _error(f"profile {args.profile} is not usable: {exc}") from None
+    return info.model, info
 
 
 def _policies(args: argparse.Namespace, budget: int, info: ProfileInfo | None) -> list[Policy]:
@@ -194,8 +186,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                           "results": [r.to_dict() for r in results], "plot": plot_path},
                          indent=2))
         return 0
-    print(f"model per stage: a={model.a:.4g} b={model.b:.4g} c={model.c:.4g} "
-          f"gamma={model.gamma:.4g} ms; pp={stages}; prompts "
+    print(f"model per stage: {describe(model)} ms; pp={stages}; prompts "
           f"{'~U[0.5,1.5]x' if args.variable else ''}{args.prompt_len} tokens, concurrency "
           f"{args.concurrency}, {workload.total_requests} requests, output {args.output_len} "
           f"({args.decode} decode)")

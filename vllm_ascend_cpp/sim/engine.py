@@ -328,6 +328,8 @@ def build_runtime(engine: EngineSpec, policy: Policy) -> CppRuntime:
     rt.max_budget = int(policy.budget)
     model = engine.plan_model or engine.model
     rt.manager.load_profile({"model": model.to_dict()})
+    # The engine learns its host time per step while serving; the simulation knows it.
+    rt.manager.use_host_ms(engine.sched_ms)
     return rt
 
 

@@ -18,7 +18,8 @@ from vllm_ascend_cpp.core.latency_model import LatencyModel
 
 from .engine import EngineSpec, Policy, SimResult, Workload, simulate_policy
 
-__all__ = ["ProfileInfo", "load_profile", "refit_from_trace", "simulate_trace_policy"]
+__all__ = ["ProfileInfo", "host_ms_from_trace", "load_profile", "refit_from_trace",
+           "simulate_trace_policy"]
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,16 @@ def _stage_scale(sweep: Any, pp: int | None) -> tuple[float, ...] | None:
     return tuple(by_stage[r] / slowest for r in range(pp))
 
 
-def refit_from_trace(lines: Sequence[Mapping]) -> LatencyModel | None:
+def refit_from_trace(lines: Sequence[Mapping],
+                     samples: Sequence[Mapping] | None = None) -> LatencyModel | None:
     """A model fitted to a trace's timed prefill-only steps (the plugin's own online fit).
 
     The startup sweep can be off (a busy machine, a cold cache); what the engine measured
     while serving is the better description of it. Steps with decodes are left out: the trace
-    does not record the decodes' context lengths. None when the fit is rejected.
+    does not record the decodes' context lengths. ``samples`` (the report's sweep samples,
+    ``{"size", "latency_ms"}``) join as steps at ``L = 0``: a trace of fixed chunks has one
+    chunk size and cannot pin ``b`` and ``c`` on its own, and the sweep has no prefix and
+    cannot pin ``gamma`` or tell ``a`` from ``d``. None when the fit is rejected.
     """
     rows, ms = [], []
     for ln in lines:
@@ -133,10 +138,34 @@ def refit_from_trace(lines: Sequence[Mapping]) -> LatencyModel | None:
                  if isinstance(r, Mapping)]
         rows.append(LatencyModel.step_features(items))
         ms.append(float(meas))
+    for smp in samples or ():
+        size, lat = smp.get("size"), smp.get("latency_ms")
+        if isinstance(size, (int, float)) and isinstance(lat, (int, float)) and size > 0:
+            rows.append(LatencyModel.step_features([(0, int(size))]))
+            ms.append(float(lat))
     if not rows:
         return None
     fit = fit_rows(np.vstack(rows), ms)
     return fit.model if fit.ok else None
+
+
+def host_ms_from_trace(lines: Sequence[Mapping]) -> float:
+    """Median host time per step: wall time between two consecutive prefill steps' trace
+    lines minus the later step's measured forward (what the pipeline did not hide; 0 when the
+    trace has no such pair). The simulator's ``sched_ms``."""
+    gaps = []
+    prev = None
+    for ln in lines:
+        if not isinstance(ln, Mapping):
+            prev = None
+            continue
+        meas, when = ln.get("measured_ms"), ln.get("time")
+        busy = bool(ln.get("requests"))
+        if (busy and prev is not None and isinstance(meas, (int, float))
+                and isinstance(when, (int, float))):
+            gaps.append((when - prev) * 1000.0 - meas)
+        prev = when if busy and isinstance(when, (int, float)) else None
+    return max(0.0, float(np.median(gaps))) if gaps else 0.0
 
 
 def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
