@@ -194,7 +194,8 @@ class CppRuntime:
             f"state={self.manager.state.value} steps_planned={self.steps_planned} "
             f"steps_timed={self.steps_timed} median_pred_error={err_txt} "
             f"fit_attempts={s.get('fit_attempts', 0)} failed_fits={s.get('failed_fits', 0)} "
-            f"plan_mismatches={self.plan_mismatches}"
+            f"plan_mismatches={self.plan_mismatches} "
+            f"host_ms_per_step={s.get('host_ms_per_step', 0.0):.1f}"
         )
 
     def close(self) -> None:

