@@ -204,39 +204,3 @@ def test_settings_are_validated(kw):
     with pytest.raises(ValueError):
         CoreSettings(**{"base_chunk": 8192, **kw})
 
-
-def test_probe_steps_keep_the_calibration_window_informative():
-    # One prefill step in PROBE_PERIOD aims at half the target, so that steps of different
-    # cost at similar prefixes let the online fit split c from the per-token terms.
-    from vllm_ascend_cpp.core.manager import PROBE_PERIOD
-
-    m = profiled()
-    cands = [Candidate("p", 40000, 100000, True)]
-    budgets = [m.plan_step(cands, max_budget=8192).token_budget for _ in range(2 * PROBE_PERIOD)]
-    normal = m.predictor.next_chunk(40000, 100000, 8192).chunk
-    probes = [i for i, b in enumerate(budgets) if b < normal]
-    assert probes == [PROBE_PERIOD - 1, 2 * PROBE_PERIOD - 1]
-    assert m.summary()["probe_steps"] == 2
-    # Without online calibration nothing would learn from a probe: none are made.
-    quiet = profiled(online=False)
-    assert {quiet.plan_step(cands, max_budget=8192).token_budget
-            for _ in range(2 * PROBE_PERIOD)} == {normal}
-
-
-def test_probes_let_the_online_fit_find_c():
-    # Equal-cost steps alone leave c unidentified; with probes the refit recovers it.
-    true = LatencyModel(a=2.7e-6, b=0.014, c=4.4, gamma=5e-5, d=3.5e-6)
-    m = ProfilingChunkManager(settings(base_chunk=8192, pp_size=2, min_chunk=256))
-    m.begin_profiling()
-    sizes = m.sample_sizes()
-    # The sweep's dummy runs miss most of the per-step overhead (c = 1 there).
-    sweep = LatencyModel(a=true.a + true.d, b=true.b, c=1.0)
-    assert m.finish_profiling(sizes, [sweep.request_ms(0, s) for s in sizes]).ok
-    for _ in range(12):
-        L = 0
-        while L < 16384:
-            plan = m.plan_step([Candidate("p", L, 16384 - L, True)], max_budget=8192)
-            x = plan.token_budget
-            m.record_step([(L, x)], true.request_ms(L, x))
-            L += x
-    assert m.model.c == pytest.approx(true.c, rel=0.2)

