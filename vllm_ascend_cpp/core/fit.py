@@ -193,12 +193,10 @@ def _d_instead_of_gamma(X: np.ndarray, free: np.ndarray) -> np.ndarray | None:
     """The columns with ``d`` fitted and ``gamma`` held at 0, when ``d`` was held at 0 only
     because ``gamma`` made it inseparable (one chunk size at many prefixes: ``gamma*L`` and
     ``2aLx`` are then the same column, and the prefix slope may belong to either)."""
-    if free[_D_COLUMN] or not free[1] or not np.any(X[:, _D_COLUMN] != 0):
+    if free[_D_COLUMN] or not free[1]:
         return None
-    alt = free.copy()
-    alt[1] = False
-    alt[_D_COLUMN] = True
-    return alt if fitted_columns(X, exclude=(1,))[_D_COLUMN] else None
+    alt = fitted_columns(X, exclude=(1,))
+    return alt if alt[_D_COLUMN] else None
 
 
 def _fit_masked(X: np.ndarray, y: np.ndarray, free: np.ndarray, *, min_samples: int,
