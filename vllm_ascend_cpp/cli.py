@@ -19,7 +19,7 @@ from typing import NoReturn
 from .core.latency_model import LatencyModel
 from .core.predictor import ChunkSizePredictor
 from .core.report import compare_plans, format_chunk_table
-from .demo import add_demo_parser
+from .testing.demo import add_demo_parser
 from .model_args import (
     ModelArgsError,
     add_model_arguments,
@@ -164,8 +164,8 @@ def add_serve_model_parser(sub: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run_serve_model(args: argparse.Namespace) -> int:
-    from .serve_util import CPU_SERVER_ENV, ServerSpec, operator_command, server_command
-    from .tiny_model import write_tiny_llama
+    from .testing.server import CPU_SERVER_ENV, ServerSpec, operator_command, server_command
+    from .testing.tiny_model import write_tiny_llama
 
     target = Path(args.dir)
     if target.exists() and not target.is_dir():

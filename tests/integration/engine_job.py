@@ -36,8 +36,13 @@ import time
 from typing import Any
 
 
+def dump(path: str, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2)
+
+
 def _prompts(batch: dict) -> list[list[int]]:
-    from vllm_ascend_cpp import harness
+    from vllm_ascend_cpp.testing import engine as harness
 
     seed = batch.get("seed", 0) * 100003
     prefix_len = int(batch.get("shared_prefix", 0))
@@ -130,7 +135,7 @@ def _sync_batch(llm: Any, batch: dict) -> dict:
 
 
 def run_sync(spec: dict, result: dict, result_path: str) -> int:
-    from vllm_ascend_cpp import harness
+    from vllm_ascend_cpp.testing import engine as harness
 
     engine = harness.EngineSpec(**spec["engine"])
     t0 = time.perf_counter()
@@ -138,7 +143,7 @@ def run_sync(spec: dict, result: dict, result_path: str) -> int:
         llm = harness.build_llm(engine)
     except Exception as e:  # the test asserts on the message
         result["startup_error"] = f"{type(e).__name__}: {e}"
-        harness.dump(result_path, result)
+        dump(result_path, result)
         return 0
     result["startup_s"] = time.perf_counter() - t0
     result["rss"] = [rss_snapshot("start")]
@@ -146,7 +151,7 @@ def run_sync(spec: dict, result: dict, result_path: str) -> int:
         result["batches"].append(_sync_batch(llm, batch))
         result["rss"].append(rss_snapshot(f"batch{i}"))
     harness.shutdown(llm)
-    harness.dump(result_path, result)
+    dump(result_path, result)
     return 0
 
 
@@ -202,7 +207,7 @@ async def _async_main(spec: dict, result: dict, result_path: str) -> int:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from vllm_ascend_cpp import harness
+    from vllm_ascend_cpp.testing import engine as harness
 
     engine_spec = harness.EngineSpec(**spec["engine"])
     t0 = time.perf_counter()
@@ -210,11 +215,11 @@ async def _async_main(spec: dict, result: dict, result_path: str) -> int:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**harness.engine_kwargs(engine_spec)))
     except Exception as e:
         result["startup_error"] = f"{type(e).__name__}: {e}"
-        harness.dump(result_path, result)
+        dump(result_path, result)
         return 0
     cpp = engine_spec.cpp_config or {}
     if not cpp.get("enabled"):
-        # Same warm-up the sync harness does for CPP-off engines (see harness.build_llm).
+        # The warm-up build_llm does for CPP-off engines (vllm_ascend_cpp/testing/engine.py).
         await engine.collective_rpc("execute_dummy_batch")
     result["startup_s"] = time.perf_counter() - t0
     result["rss"] = [rss_snapshot("start")]
@@ -253,7 +258,7 @@ async def _async_main(spec: dict, result: dict, result_path: str) -> int:
         if sampler is not None:
             sampler.cancel()
         engine.shutdown()
-    harness.dump(result_path, result)
+    dump(result_path, result)
     return 0
 
 
@@ -263,7 +268,7 @@ def run_many(spec: dict, result_path: str) -> int:
     Saves the front end's start-up (and, with VLLM_ENABLE_V1_MULTIPROCESSING=0, the engine
     core's) for every engine after the first. Marker lines split the shared log per engine.
     """
-    from vllm_ascend_cpp import harness
+    from vllm_ascend_cpp.testing import engine as harness
 
     results = []
     base_env = dict(os.environ)
@@ -277,7 +282,7 @@ def run_many(spec: dict, result_path: str) -> int:
         run_sync({"engine": run["engine"], "batches": run.get("batches", [])}, sub, part)
         results.append(json.load(open(part, encoding="utf-8")))
         print(f"{RUN_MARKER} end {k}", flush=True)
-    harness.dump(result_path, {"runs": results})
+    dump(result_path, {"runs": results})
     return 0
 
 

@@ -4,7 +4,7 @@ The page's CPU section has three fenced blocks whose first line is `# cpu-quicks
 write the tiny model, start the OpenAI server with CPP on, send one completion. This test
 takes them from the page as they are, changes only the model directory (a temporary one) and
 the port (a free one), and runs each block with bash. The server block runs under
-`serve_util.ServerProcess` (shared with the serve tests): wait for /health, then stop by PID
+`tests/serving.py:ServerProcess` (shared with the serve tests): wait for /health, then stop by PID
 and check that no process of the server's tree is left.
 """
 
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vllm_ascend_cpp.serve_util import ServerProcess, ServerSpec, free_port
+from tests.serving import ServerProcess, ServerSpec, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "quickstart.md"

@@ -32,7 +32,7 @@ from tests.integration.test_serve import (
     check_trace_chunks,
     write_model,
 )
-from vllm_ascend_cpp.serve_util import (
+from tests.serving import (
     ServerProcess,
     ServerSpec,
     free_port,

