@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from vllm_ascend_cpp import compat
+from vllm_ascend_cpp import compat, faults
 from vllm_ascend_cpp.log import logger
 
 CONFIG_KEY = "cpp_config"
@@ -160,6 +160,7 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
 
     Raises ValueError naming the setting, its value and what is allowed.
     """
+    faults.active()  # a mistyped test fault must stop the engine, not inject nothing
     sched = vllm_config.scheduler_config
     par = vllm_config.parallel_config
     facts = EngineFacts(

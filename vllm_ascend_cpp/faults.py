@@ -1,5 +1,8 @@
 """Test-only fault injection. OFF unless the env var VLLM_CPP_TEST_FAULT is set.
 
+The variable is read once per process (`active`); an unknown name is a startup error
+(`config.validate_for_engine` asks first), never a silent no-op.
+
 Documented as a testing hook (docs/troubleshooting.md); operators never set it. Values:
 
 - `sweep_raise`: every worker raises inside the startup sweep.
@@ -15,8 +18,10 @@ Documented as a testing hook (docs/troubleshooting.md); operators never set it. 
 
 from __future__ import annotations
 
+import functools
 import os
 import random
+from collections.abc import Callable
 
 ENV = "VLLM_CPP_TEST_FAULT"
 KNOWN = (
@@ -25,8 +30,14 @@ KNOWN = (
 )
 
 
+@functools.cache
 def active() -> str | None:
+    """The injected fault, or None; ValueError naming the known ones for any other value."""
     value = os.environ.get(ENV, "").strip()
+    if value and value not in KNOWN:
+        raise ValueError(
+            f"[CPP] {ENV}={value!r} is not a known fault; known: {', '.join(KNOWN)}"
+        )
     return value or None
 
 
@@ -55,7 +66,8 @@ def sweep_latencies(sizes: list[int], latencies_ms: list[float]) -> list[float]:
     return latencies_ms
 
 
-def measured_step_ms(ms: float) -> float:
+def step_ms_filter() -> Callable[[float], float] | None:
+    """What a timed step's milliseconds go through, or None: decided once, at timer install."""
     if active() == "calib_noise":
-        return random.uniform(0.1, 10.0) * ms
-    return ms
+        return lambda ms: random.uniform(0.1, 10.0) * ms
+    return None

@@ -180,3 +180,24 @@ def test_env_var_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_CPP_CONFIG", '{"enabled": "yes"}')
     with pytest.raises(ValueError, match="enabled"):
         cpp_config_from_additional(None)
+
+
+def test_unknown_test_fault_stops_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_ascend_cpp import faults
+
+    monkeypatch.setenv(faults.ENV, "sweep_nann")
+    faults.active.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="sweep_nann.*known: sweep_raise, sweep_nan,"):
+            validate_for_engine(parse_cpp_config({"enabled": True}), fake_vllm_config())
+        monkeypatch.setenv(faults.ENV, "calib_noise")
+        faults.active.cache_clear()
+        validate_for_engine(parse_cpp_config({"enabled": True}), fake_vllm_config())
+        # Read once: a later change of the variable does not reach this process.
+        monkeypatch.setenv(faults.ENV, "sweep_nann")
+        assert faults.active() == "calib_noise"
+        assert faults.step_ms_filter() is not None
+    finally:
+        monkeypatch.delenv(faults.ENV)
+        faults.active.cache_clear()
+    assert faults.step_ms_filter() is None
