@@ -34,9 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
+from vllm_ascend_cpp.core.latency_model import LatencyModel, pipeline_ttft_ms  # noqa: E402
 from vllm_ascend_cpp.core.predictor import ChunkSizePredictor  # noqa: E402
-from vllm_ascend_cpp.core.report import fixed_plan, pipeline_ttft_ms  # noqa: E402
+from vllm_ascend_cpp.core.report import fixed_plan  # noqa: E402
 from vllm_ascend_cpp.sim import EngineSpec, Policy, Workload, simulate_policy  # noqa: E402
 
 K = 1024
@@ -278,7 +278,7 @@ def run_grid(model: LatencyModel, decode: dict, requests_per_client: int) -> lis
 def plot_example(model: LatencyModel, decode: dict, path: Path) -> str | None:
     """Gantt chart of one 128K prompt at concurrency 1, budget 16K: fixed, seed rule, auto."""
     try:
-        from vllm_ascend_cpp.plots import PlotError, describe, gantt
+        from vllm_ascend_cpp.sim.plots import PlotError, describe, gantt
     except ImportError:
         return None
     engine = EngineSpec(stages=STAGES, model=model)

@@ -19,21 +19,17 @@ from typing import NoReturn
 from .core.latency_model import LatencyModel
 from .core.predictor import ChunkSizePredictor
 from .core.report import compare_plans, format_chunk_table
-from .testing.demo import add_demo_parser
 from .model_args import (
-    ModelArgsError,
+    CliError,
     add_model_arguments,
     describe,
     model_from_coefficients,
     wants_profile,
 )
 from .sim.commands import add_report_parser, add_simulate_parser
+from .testing.demo import add_demo_parser
 
 PROG = "vllm-cpp"
-
-
-class CliError(Exception):
-    """A problem with the command line or its inputs; exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,12 +82,9 @@ def _load_profile(path: str) -> tuple[LatencyModel, dict]:
 
 
 def _plan_model(args: argparse.Namespace) -> tuple[LatencyModel, dict]:
-    try:
-        if wants_profile(args):
-            return _load_profile(args.profile)
-        return model_from_coefficients(args), {}
-    except ModelArgsError as exc:
-        raise CliError(str(exc)) from None
+    if wants_profile(args):
+        return _load_profile(args.profile)
+    return model_from_coefficients(args), {}
 
 
 def _positive(name: str, value: int | None) -> None:

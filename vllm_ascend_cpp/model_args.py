@@ -1,4 +1,5 @@
-"""The latency-model options shared by ``vllm-cpp plan`` and ``vllm-cpp simulate``."""
+"""What the ``vllm-cpp`` commands share: their error, and the latency-model options of
+``plan`` and ``simulate``."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ REQUIRED = ("a", "b", "c")
 OPTIONAL = ("gamma", "d")
 
 
-class ModelArgsError(ValueError):
-    """A bad combination or value of the model options; the CLI turns it into exit 2."""
+class CliError(Exception):
+    """A problem with the command line or its inputs; exit code 2."""
+
+
+class ModelArgsError(CliError, ValueError):
+    """A bad combination or value of the model options."""
 
 
 def add_model_arguments(group: argparse._ArgumentGroup, profile_help: str) -> None:

@@ -1,4 +1,4 @@
-"""``target: auto``: never predicts worse than the base target, grows with the prefill queue,
+"""``target: auto``: as good as a brute-force search over targets, grows with the prefill queue,
 stays sticky within a busy pipeline, and never crashes on degenerate models."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ import pytest
 
 from vllm_ascend_cpp.config import CppConfig, EngineFacts
 from vllm_ascend_cpp.core.auto_target import AutoTarget, AutoTargetTracker
-from vllm_ascend_cpp.core.latency_model import LatencyModel
-from vllm_ascend_cpp.core.manager import CoreSettings, ProfilingChunkManager
+from vllm_ascend_cpp.core.latency_model import LatencyModel, pipeline_ttft_ms
+from vllm_ascend_cpp.core.manager import ProfilingChunkManager
 from vllm_ascend_cpp.core.predictor import ChunkSizePredictor
-from vllm_ascend_cpp.core.report import format_report, pipeline_ttft_ms
+from vllm_ascend_cpp.core.report import format_report
+from vllm_ascend_cpp.core.settings import CoreSettings
 from vllm_ascend_cpp.core.step_planner import Candidate
 from vllm_ascend_cpp.runtime import core_settings
 
@@ -39,27 +40,39 @@ GRID = list(itertools.product(
 ))[::7]
 
 
+def brute_best_ttft(p: ChunkSizePredictor, prompt: int, budget: int, stages: int,
+                    points: int = 160) -> tuple[float, float]:
+    """``(best TTFT, its target)`` over a fine geometric grid of targets, found by running the
+    predictor's own plan at each one (no AutoTarget code involved).
+
+    Below the cost of the smallest chunk the predictor allows every chunk is that chunk, and
+    above the cost of a budget-sized last chunk every chunk is the budget: the grid spans both
+    ends with room to spare, and includes the base target.
+    """
+    m = p.model
+    smallest = min(max(p.min_chunk, p.alignment), budget, prompt)
+    last = min(budget, prompt)
+    low = m.chunk_cost_ms(0, smallest) / 2
+    high = m.chunk_cost_ms(prompt - last, last) * 2
+    ratio = (high / low) ** (1.0 / (points - 1))
+    targets = [low * ratio ** k for k in range(points)] + [p.target_ms]
+    return min((exact_ttft(p, t, prompt, budget, stages), t) for t in targets)
+
+
 @pytest.mark.parametrize("a,b,c,gamma,prompt,stages,budget_min", GRID)
-def test_auto_never_predicts_worse_than_base_for_one_prompt(a, b, c, gamma, prompt, stages,
-                                                            budget_min):
+def test_auto_is_as_good_as_a_brute_force_search_over_targets(a, b, c, gamma, prompt, stages,
+                                                              budget_min):
     budget, min_chunk = budget_min
     model = LatencyModel(a=a, b=b, c=c, gamma=gamma)
     p = ChunkSizePredictor(model, base_chunk=budget, min_chunk=min_chunk)
     choice = AutoTarget(p, stages).choose([(0, prompt)], budget)
     assert choice is not None and choice.target_ms > 0
     auto = exact_ttft(p, choice.target_ms, prompt, budget, stages)
-    base = exact_ttft(p, p.target_ms, prompt, budget, stages)
-    assert auto <= base * (1 + 1e-12)
+    best, best_target = brute_best_ttft(p, prompt, budget, stages)
+    # Auto's 24-point grid and refinement may miss a narrow step of the brute-force curve.
+    assert auto <= best * 1.02, f"auto {auto:.1f} ms at {choice.target_ms:.3g} ms, " \
+        f"brute force {best:.1f} ms at {best_target:.3g} ms"
     assert choice.predicted_ms == pytest.approx(auto)
-
-
-def test_auto_is_near_the_best_equal_cost_plan():
-    model = LatencyModel(a=2e-7, b=0.0064, c=18.0, gamma=5e-4)
-    p = ChunkSizePredictor(model, base_chunk=32 * K, min_chunk=4096)
-    choice = AutoTarget(p, 4).choose([(0, 128 * K)], 32 * K)
-    brute = min(exact_ttft(p, t, 128 * K, 32 * K, 4)
-                for t in (model.chunk_cost_ms(0, 4096) * 1.02 ** k for k in range(150)))
-    assert choice.predicted_ms <= brute * 1.01
 
 
 def test_closed_form_direction_more_overhead_fewer_steps():

@@ -11,7 +11,8 @@ import pytest
 
 from vllm_ascend_cpp.cli import main
 from vllm_ascend_cpp.core.latency_model import LatencyModel
-from vllm_ascend_cpp.core.manager import CoreSettings, ProfilingChunkManager
+from vllm_ascend_cpp.core.manager import ProfilingChunkManager
+from vllm_ascend_cpp.core.settings import CoreSettings
 
 EXAMPLE = ["plan", "--a", "1e-7", "--b", "0.02", "--c", "30", "--gamma", "0",
            "--prompt-len", "131072", "--budget", "16384", "--pp", "4"]

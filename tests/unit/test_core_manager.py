@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from vllm_ascend_cpp.core.latency_model import LatencyModel
-from vllm_ascend_cpp.core.manager import CoreSettings, CppState, ProfilingChunkManager
+from vllm_ascend_cpp.core.manager import CppState, ProfilingChunkManager
 from vllm_ascend_cpp.core.report import REPORT_HEADER, format_report
+from vllm_ascend_cpp.core.settings import CoreSettings
 from vllm_ascend_cpp.core.step_planner import Candidate
 
 TRUE = LatencyModel(a=1e-7, b=0.02, c=30.0)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from vllm_ascend_cpp.core.latency_model import LatencyModel
-from vllm_ascend_cpp.core.manager import CoreSettings, CppState
+from vllm_ascend_cpp.core.manager import CppState
 from vllm_ascend_cpp.core.predictor import ChunkSizePredictor
 from vllm_ascend_cpp.core.report import (
     REPORT_HEADER,
@@ -18,6 +18,7 @@ from vllm_ascend_cpp.core.report import (
     format_report,
     pipeline_ttft_ms,
 )
+from vllm_ascend_cpp.core.settings import CoreSettings
 
 MODEL = LatencyModel(a=1e-7, b=0.02, c=30.0)
 

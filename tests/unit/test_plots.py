@@ -10,8 +10,8 @@ pytest.importorskip("matplotlib")
 
 from vllm_ascend_cpp.cli import main  # noqa: E402
 from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
-from vllm_ascend_cpp.plots import PlotError, gantt  # noqa: E402
 from vllm_ascend_cpp.sim import EngineSpec, Policy, Workload, simulate_policy  # noqa: E402
+from vllm_ascend_cpp.sim.plots import PlotError, gantt  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MODEL = LatencyModel(a=2e-7, b=0.0064, c=18.0)

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from vllm_ascend_cpp.cli import main
-from vllm_ascend_cpp.core.latency_model import LatencyModel
+from vllm_ascend_cpp.core.latency_model import LatencyModel, pipeline_ttft_ms
 from vllm_ascend_cpp.core.predictor import ChunkSizePredictor
-from vllm_ascend_cpp.core.report import fixed_plan, pipeline_ttft_ms
+from vllm_ascend_cpp.core.report import fixed_plan
 from vllm_ascend_cpp.sim import (
     EngineSpec,
     Policy,
@@ -40,7 +40,7 @@ def engine(stages: int = 4, **kw) -> EngineSpec:
 
 
 def test_sim_does_not_import_vllm_or_torch():
-    code = ("import sys, vllm_ascend_cpp.sim, vllm_ascend_cpp.plots; "
+    code = ("import sys, vllm_ascend_cpp.sim, vllm_ascend_cpp.sim.plots; "
             "print(','.join(m for m in ('vllm', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -6,10 +6,11 @@ online calibration, the lifecycle manager and the startup report.
 
 from .calibrator import CalibrationEvent, OnlineCalibrator
 from .fit import FitResult, fit_rows, fit_startup
-from .latency_model import LatencyModel
-from .manager import CoreSettings, CppState, ProfilingChunkManager
+from .latency_model import LatencyModel, pipeline_ttft_ms
+from .manager import CppState, ProfilingChunkManager
 from .predictor import ChunkDecision, ChunkSizePredictor, PlannedChunk
-from .report import build_report, format_report, pipeline_ttft_ms
+from .report import build_report, format_report
+from .settings import CoreSettings
 from .step_planner import Candidate, PlannedItem, StepPlan, StepPlanner, simulate
 
 __all__ = [

@@ -16,11 +16,12 @@ The same term explains why the target never falls during a busy pipeline: once a
 another ``c``.
 
 :class:`AutoTarget` forecasts the steps the planner would make for a queue at a candidate
-target (the same clamps as :class:`~.predictor.ChunkSizePredictor` and the same step filling
-as :class:`~.step_planner.StepPlanner`, written as a lean loop), scores the mean completion
-time over the queue and searches the target on a geometric grid, then refines. For a lone
-prompt the winner is checked against the base target with the real predictor, so ``auto`` never
-predicts a worse TTFT than ``base``. Choices are cached by the queue's shape in coarse buckets.
+target (each step's lead chunk is the predictor's own ``next_chunk``, fold rule included; the
+rest of the step is filled as :class:`~.step_planner.StepPlanner` fills it), scores the mean
+completion time over the queue and searches the target on a geometric grid, then refines. For
+a lone prompt the winner is checked against the base target with the real predictor, so
+``auto`` never predicts a worse TTFT than ``base``. Choices are cached by the queue's shape in
+coarse buckets.
 
 :class:`AutoTargetTracker` is the per-engine state the manager keeps: it re-chooses only when
 the head of the prefill queue changes or more prefill work arrives, and keeps the target from
@@ -34,8 +35,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .predictor import TAIL_FOLD_TOLERANCE, ChunkSizePredictor
-from .report import pipeline_ttft_ms
+from .latency_model import pipeline_ttft_ms
+from .predictor import ChunkSizePredictor
 from .step_planner import Candidate
 
 __all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "MAX_QUEUE"]
@@ -48,8 +49,6 @@ _REFINE_POINTS = 8
 _CACHE_SIZE = 4096
 # Targets so small that the queue would take more steps than this are not considered.
 _MAX_STEPS = 512
-# Lets a root that is an integer up to rounding floor to that integer (as the predictor does).
-_FLOOR_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -106,59 +105,28 @@ class AutoTarget:
         m = predictor.model
         self.ready = predictor.ready and m is not None
         if m is not None:
-            self._a, self._b, self._c, self._g = m.a, m.b, m.c, m.gamma
+            self._c = m.c
             # Host work between steps that the pipeline does not hide (scheduling, output
             # handling) is paid per step like c, though no forward timing sees it.
             h = float(host_ms)
             self.host_ms = h if math.isfinite(h) and h > 0 else 0.0
             self._c += self.host_ms
-            self._q = m.a + m.d
         base = predictor.target_ms
         self.base_target_ms = float(base) if base is not None else math.nan
 
     # -- the lean forecast ----------------------------------------------------------------
 
     def _cost(self, L: int, x: int) -> float:
-        return self._g * L + self._b * x + self._a * 2.0 * L * x + self._q * x * x
+        return self.predictor.model.chunk_cost_ms(L, x)
 
     def _solve(self, L: int, t: float) -> float:
         """The predictor's root (``inf`` when nothing bounds it, -1 when nothing fits)."""
-        rest = t - self._g * L
-        if not rest > 0:
-            return -1.0
-        lin = 2.0 * self._a * L + self._b
-        if self._q == 0.0:
-            return rest / lin if lin > 0 else math.inf
-        denom = lin + math.sqrt(lin * lin + 4.0 * self._q * rest)
-        return 2.0 * rest / denom if denom > 0 else math.inf
+        x = self.predictor.solve(L, t)
+        return -1.0 if x is None else x
 
     def _lead_chunk(self, L: int, R: int, budget: int, t: float) -> int:
-        """The predictor's :meth:`next_chunk` for the first prefill of a step."""
-        p = self.predictor
-        x = self._solve(L, t)
-        if x < 0:
-            return min(p.base_chunk, R, budget)
-        base = float(p.base_chunk)
-        if x != math.inf:
-            x = base + p.smooth_factor * (x - base)
-        if x < p.min_chunk:
-            x = float(p.min_chunk)
-        if x > budget:
-            x = float(budget)
-        whole = min(int(math.floor(x * (1.0 + _FLOOR_SLACK))), budget)
-        full = whole - whole % p.alignment
-        if full == 0:
-            full = min(p.alignment, budget)
-        if R <= full:
-            return R
-        tail = R - full
-        if tail >= p.min_chunk:
-            return full
-        if R <= budget and self._cost(L, R) <= TAIL_FOLD_TOLERANCE * t:
-            return R
-        half = -(-R // 2)
-        half = -(-half // p.alignment) * p.alignment
-        return half if half < full else full
+        """The predictor's own chunk for the first prefill of a step (fold rule included)."""
+        return self.predictor.next_chunk(L, R, budget, t).chunk
 
     def forecast(self, prefills: Sequence[tuple[int, int]], budget: int, target_ms: float,
                  floor_ms: float = 0.0, give_up_at: float = math.inf) -> tuple[float, int]:

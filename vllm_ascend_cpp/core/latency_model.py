@@ -22,11 +22,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LatencyModel", "COEFFICIENT_NAMES"]
+__all__ = ["LatencyModel", "COEFFICIENT_NAMES", "pipeline_ttft_ms"]
 
 # Order of the regression columns; as_vector() and step_features() both follow it.
 COEFFICIENT_NAMES = ("c", "gamma", "b", "a", "d")
 _NUMBER_TYPES = (int, float, np.integer, np.floating)
+
+
+def _sums(items: Sequence[tuple[int, int]]) -> tuple[float, float, float, float]:
+    """``(sum L, sum x, sum L*x, sum x*x)`` over ``(history, chunk)`` pairs."""
+    sum_l = sum_x = sum_lx = sum_xx = 0
+    # A plain loop beats numpy for the handful of items a step usually has.
+    for L, x in items:
+        sum_l += L
+        sum_x += x
+        sum_lx += L * x
+        sum_xx += x * x
+    return float(sum_l), float(sum_x), float(sum_lx), float(sum_xx)
 
 
 @dataclass(frozen=True)
@@ -59,11 +71,21 @@ class LatencyModel:
         """True when no work term is negative (the fit guarantees this; loaded data may not)."""
         return self.a >= 0.0 and self.b >= 0.0 and self.gamma >= 0.0 and self.d >= 0.0
 
+    def sums_cost_ms(self, sum_l: float, sum_x: float, sum_lx: float, sum_xx: float) -> float:
+        """Cost, without ``c``, of chunks whose ``L``, ``x``, ``L*x`` and ``x*x`` add up to these.
+
+        The one place the formula is written. The model is linear in the four sums, so this
+        costs one chunk or a whole step; hot loops add up the sums (exact with integer token
+        counts, so the order of the items does not matter) and call it once.
+        """
+        return (self.gamma * sum_l + self.b * sum_x + self.a * (2.0 * sum_lx + sum_xx)
+                + self.d * sum_xx)
+
     def chunk_cost_ms(self, history: int, chunk: int) -> float:
         """Cost of ``chunk`` new tokens after ``history`` cached ones, without ``c``."""
         L = float(history)
         x = float(chunk)
-        return self.gamma * L + self.b * x + self.a * (2.0 * L * x + x * x) + self.d * x * x
+        return self.sums_cost_ms(L, x, L * x, x * x)
 
     def request_ms(self, history: int, chunk: int) -> float:
         """Cost of a step that runs only this chunk."""
@@ -71,27 +93,13 @@ class LatencyModel:
 
     def step_ms(self, items: Sequence[tuple[int, int]]) -> float:
         """Cost of a step running every ``(history, chunk)`` in ``items``; ``c`` is always added."""
-        total = self.c
-        for history, chunk in items:
-            total += self.chunk_cost_ms(history, chunk)
-        return total
+        return self.c + self.sums_cost_ms(*_sums(items))
 
     @staticmethod
     def step_features(items: Sequence[tuple[int, int]]) -> np.ndarray:
         """Regression row ``[1, sum L, sum x, sum(2Lx + x^2), sum x^2]`` for one step."""
-        sum_l = 0.0
-        sum_x = 0.0
-        area = 0.0
-        block = 0.0
-        # A plain loop beats numpy for the handful of items a step usually has.
-        for history, chunk in items:
-            L = float(history)
-            x = float(chunk)
-            sum_l += L
-            sum_x += x
-            area += 2.0 * L * x + x * x
-            block += x * x
-        return np.array([1.0, sum_l, sum_x, area, block], dtype=np.float64)
+        sum_l, sum_x, sum_lx, sum_xx = _sums(items)
+        return np.array([1.0, sum_l, sum_x, 2.0 * sum_lx + sum_xx, sum_xx], dtype=np.float64)
 
     def as_vector(self) -> np.ndarray:
         """Coefficients ``[c, gamma, b, a, d]``, aligned with :meth:`step_features`."""
@@ -123,3 +131,17 @@ class LatencyModel:
                        d=d.get("d", 0.0))
         except TypeError as exc:
             raise ValueError(str(exc)) from exc
+
+
+def pipeline_ttft_ms(step_ms: Sequence[float], stages: int) -> float:
+    """TTFT of one prompt whose chunks take ``step_ms`` on each of ``stages`` pipeline stages.
+
+    The first chunk fills the pipeline, the rest follow at the pace of the slowest stage-step:
+    ``sum(t) + (stages - 1) * max(t)``.
+    """
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    times = [float(t) for t in step_ms]
+    if not times:
+        return 0.0
+    return sum(times) + (stages - 1) * max(times)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
 from enum import Enum
 
 import numpy as np
@@ -29,12 +28,12 @@ from .fit import MIN_SAMPLES, FitResult, fit_startup
 from .latency_model import LatencyModel
 from .predictor import ChunkSizePredictor
 from .report import build_report
+from .settings import CoreSettings
 from .step_planner import Candidate, StepPlan, StepPlanner, simulate
 
-__all__ = ["CppState", "CoreSettings", "ProfilingChunkManager", "PROFILE_VERSION"]
+__all__ = ["CppState", "ProfilingChunkManager", "PROFILE_VERSION"]
 
 PROFILE_VERSION = 1
-TARGET_MODES = ("base", "auto")
 # Timing a step costs a device sync; once the model is trusted, one step in this many is
 # enough to notice drift.
 TIMING_PERIOD = 16
@@ -56,55 +55,6 @@ class CppState(str, Enum):  # noqa: UP042
     READY = "ready"
     CALIBRATING = "calibrating"
     FIXED_FALLBACK = "fixed-fallback"
-
-
-@dataclass(frozen=True)
-class CoreSettings:
-    """What the core needs from the operator's configuration (validated here too)."""
-
-    base_chunk: int
-    smooth_factor: float = 1.0
-    min_chunk: int = 4096
-    block_size: int = 16
-    num_samples: int = 64
-    online_calibration: bool = True
-    calibration_window: int = 256
-    max_failed_fits: int = 8
-    pp_size: int = 2
-    reference_prompt_len: int | None = None
-    # "base": every step aims at the base chunk's cost; "auto": core/auto_target.py picks it.
-    target_mode: str = "base"
-
-    def __post_init__(self) -> None:
-        positive = ("base_chunk", "block_size", "num_samples", "calibration_window",
-                    "max_failed_fits", "pp_size")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if isinstance(self.min_chunk, bool) or not isinstance(self.min_chunk, int) \
-                or self.min_chunk < 0:
-            raise ValueError(f"min_chunk must be a non-negative integer, got {self.min_chunk!r}")
-        if not 0.0 < float(self.smooth_factor) <= 1.0:
-            raise ValueError(f"smooth_factor must be in (0, 1], got {self.smooth_factor!r}")
-        if self.target_mode not in TARGET_MODES:
-            raise ValueError(f"target_mode must be one of {', '.join(TARGET_MODES)}, "
-                             f"got {self.target_mode!r}")
-        ref = self.reference_prompt_len
-        if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
-            raise ValueError(f"reference_prompt_len must be a positive integer, got {ref!r}")
-
-    @property
-    def reference_len(self) -> int:
-        return self.reference_prompt_len or 8 * self.base_chunk
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> CoreSettings:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class ProfilingChunkManager:

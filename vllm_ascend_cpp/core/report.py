@@ -8,33 +8,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .fit import FitResult
-from .latency_model import LatencyModel
+from .latency_model import LatencyModel, pipeline_ttft_ms
 from .predictor import ChunkSizePredictor, PlannedChunk
+from .settings import CoreSettings
 
-if TYPE_CHECKING:
-    from .manager import CoreSettings
-
-__all__ = ["pipeline_ttft_ms", "fixed_plan", "compare_plans", "build_report", "format_report",
+__all__ = ["fixed_plan", "compare_plans", "build_report", "format_report",
            "REPORT_HEADER"]
 
 REPORT_HEADER = "[CPP] startup profiling report"
-
-
-def pipeline_ttft_ms(step_ms: Sequence[float], stages: int) -> float:
-    """TTFT of one prompt whose chunks take ``step_ms`` on each of ``stages`` pipeline stages.
-
-    The first chunk fills the pipeline, the rest follow at the pace of the slowest stage-step:
-    ``sum(t) + (stages - 1) * max(t)``.
-    """
-    if stages < 1:
-        raise ValueError(f"stages must be >= 1, got {stages}")
-    times = [float(t) for t in step_ms]
-    if not times:
-        return 0.0
-    return sum(times) + (stages - 1) * max(times)
 
 
 def fixed_plan(model: LatencyModel | None, prompt_len: int, chunk: int,

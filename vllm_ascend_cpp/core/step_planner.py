@@ -122,20 +122,18 @@ def _simulate_ms(model, candidates: Sequence[Candidate], token_budget: int, pref
                  max_requests: int | None) -> tuple[tuple[PlannedItem, ...], float]:
     """:func:`simulate` and the model's cost of its items (``c`` included)."""
     items = simulate(candidates, token_budget, prefill_cap, max_requests)
-    a, b, g, d = model.a, model.b, model.gamma, model.d
-    total = model.c
-    for _, L, n, _ in items:
-        total += g * L + b * n + a * (2.0 * L * n + n * n) + d * n * n
-    return items, total
+    return items, _items_ms(model, items)
 
 
 def _items_ms(model, items: Sequence[PlannedItem]) -> float:
-    """``model.step_ms`` of the items, inlined: this runs once per step over every item."""
-    a, b, g, d = model.a, model.b, model.gamma, model.d
-    total = model.c
+    """``model.step_ms`` of the items without building ``(history, tokens)`` pairs first."""
+    sl = sx = slx = sxx = 0
     for _, L, x, _ in items:
-        total += g * L + b * x + a * (2.0 * L * x + x * x) + d * x * x
-    return total
+        sl += L
+        sx += x
+        slx += L * x
+        sxx += x * x
+    return model.c + model.sums_cost_ms(sl, sx, slx, sxx)
 
 
 class StepPlanner:
@@ -183,7 +181,8 @@ class StepPlanner:
         decode_cost = 0.0
         before = 0  # tokens the walk gives to requests ahead of the lead
         prefills: list[int] = []
-        ca, cb, cg, cd = model.a, model.b, model.gamma, model.d
+        # The decodes' sums of L, L*x and x*x (decode_tokens is their sum of x).
+        sl = slx = sxx = 0
         for i in range(limit):
             _, L, x, is_prefill = candidates[i]
             if x <= 0:
@@ -197,7 +196,10 @@ class StepPlanner:
             else:
                 last_decode = i
                 decode_tokens += x
-                decode_cost += cg * L + cb * x + ca * (2.0 * L * x + x * x) + cd * x * x
+                sl += L
+                slx += L * x
+                sxx += x * x
+        decode_cost = model.sums_cost_ms(sl, decode_tokens, slx, sxx)
         if end == 0:
             return StepPlan(max_budget, 0, (), model.step_ms(()), fallback=False)
 
@@ -220,7 +222,6 @@ class StepPlanner:
 
         last_forced = max(last_decode, lead_index if lead is not None else -1)
         forced_tokens = decode_tokens
-        forced_cost = decode_cost
         for i in prefills:
             if i > last_forced:
                 break
@@ -228,7 +229,10 @@ class StepPlanner:
             if 0 < cap < n:
                 n = cap
             forced_tokens += n
-            forced_cost += cg * L + cb * n + ca * (2.0 * L * n + n * n) + cd * n * n
+            sl += L
+            slx += L * n
+            sxx += n * n
+        forced_cost = model.sums_cost_ms(sl, forced_tokens, slx, sxx)
         budget = self._budget(candidates, end, cap, max_budget, target, last_forced,
                               forced_tokens, forced_cost)
         items, ms = _simulate_ms(model, candidates, budget, cap, max_requests)
@@ -246,8 +250,7 @@ class StepPlanner:
         ``max_budget`` the forced part is taken whole without walking it again.
         """
         p = self.predictor
-        model = p.model
-        ca, cb, cg, cd = model.a, model.b, model.gamma, model.d
+        chunk_cost = p.model.chunk_cost_ms
         if forced_tokens <= max_budget:
             used = forced_tokens
             cost = forced_cost
@@ -267,9 +270,9 @@ class StepPlanner:
                 if n > room:
                     n = room
                 used += n
-                cost += cg * L + cb * n + ca * (2.0 * L * n + n * n) + cd * n * n
+                cost += chunk_cost(L, n)
                 continue
-            item_cost = cg * L + cb * n + ca * (2.0 * L * n + n * n) + cd * n * n
+            item_cost = chunk_cost(L, n)
             if n <= room and cost + item_cost <= target:
                 used += n
                 cost += item_cost

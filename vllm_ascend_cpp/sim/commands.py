@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_ascend_cpp.core.latency_model import LatencyModel
 from vllm_ascend_cpp.model_args import (
-    ModelArgsError,
+    CliError,
     add_model_arguments,
     describe,
     model_from_coefficients,
@@ -21,13 +21,6 @@ from vllm_ascend_cpp.model_args import (
 from .engine import POLICY_KINDS, EngineSpec, Policy, SimResult, Workload, simulate_policy
 from .profile import ProfileInfo, load_profile
 from .trace_view import trace_summary, trace_timeline
-
-
-def _error(message: str) -> Exception:
-    from vllm_ascend_cpp.cli import CliError  # cli imports this module: import when needed
-
-    return CliError(message)
-
 
 # -- simulate -----------------------------------------------------------------------------
 
@@ -80,17 +73,14 @@ def add_simulate_parser(sub: Any) -> Any:
 
 
 def _model_from_args(args: argparse.Namespace) -> tuple[LatencyModel, ProfileInfo | None]:
-    try:
-        if not wants_profile(args):
-            return model_from_coefficients(args), None
-    except ModelArgsError as exc:
-        raise _error(str(exc)) from None
+    if not wants_profile(args):
+        return model_from_coefficients(args), None
     try:
         info = load_profile(args.profile)
     except OSError as exc:
-        raise _error(f"cannot read profile {args.profile}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot read profile {args.profile}: {exc.strerror or exc}") from None
     except (ValueError, TypeError) as exc:
-        raise _error(f"profile {args.profile} is not usable: {exc}") from None
+        raise CliError(f"profile {args.profile} is not usable: {exc}") from None
     return info.model, info
 
 
@@ -101,12 +91,12 @@ def _policies(args: argparse.Namespace, budget: int, info: ProfileInfo | None) -
         kind, _, b = text.partition(":")
         kind = kind.strip()
         if kind not in POLICY_KINDS:
-            raise _error(f"--policy {text!r}: KIND must be one of {', '.join(POLICY_KINDS)}")
+            raise CliError(f"--policy {text!r}: KIND must be one of {', '.join(POLICY_KINDS)}")
         if b and not b.strip().isdigit():
-            raise _error(f"--policy {text!r}: BUDGET must be a positive integer")
+            raise CliError(f"--policy {text!r}: BUDGET must be a positive integer")
         pb = int(b) if b else budget
         if pb < 1:
-            raise _error(f"--policy {text!r}: BUDGET must be a positive integer")
+            raise CliError(f"--policy {text!r}: BUDGET must be a positive integer")
         if kind == "fixed":
             out.append(Policy("fixed", pb))
             continue
@@ -127,17 +117,17 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("prompt_len", "concurrency", "output_len"):
         value = getattr(args, name)
         if value is None or value < 1:
-            raise _error(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+            raise CliError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if args.requests is not None and args.requests < 1:
-        raise _error(f"--requests must be a positive integer, got {args.requests}")
+        raise CliError(f"--requests must be a positive integer, got {args.requests}")
     if args.smooth is not None and not 0.0 < args.smooth <= 1.0:
-        raise _error(f"--smooth must be in (0, 1], got {args.smooth}")
+        raise CliError(f"--smooth must be in (0, 1], got {args.smooth}")
     if args.min_chunk is not None and args.min_chunk < 1:
-        raise _error(f"--min-chunk must be a positive integer, got {args.min_chunk}")
+        raise CliError(f"--min-chunk must be a positive integer, got {args.min_chunk}")
     for name in ("sched_ms", "noise", "remote_tpot_ms", "remote_tpot_per_ktok_ms"):
         value = getattr(args, name)
         if not math.isfinite(value) or value < 0:
-            raise _error(f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
+            raise CliError(f"--{name.replace('_', '-')} must be a number >= 0, got {value}")
 
 
 def _fmt_ms(v: float) -> str:
@@ -150,13 +140,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     _check_args(args)
     stages = args.pp if args.pp is not None else (info.pp_size if info and info.pp_size else 2)
     if stages < 2:
-        raise _error(f"--pp must be at least 2 (CPP needs pipeline parallelism), got {stages}")
+        raise CliError(f"--pp must be at least 2 (CPP needs pipeline parallelism), got {stages}")
     budget = args.budget if args.budget is not None else (info.base_chunk if info else None)
     if budget is None or budget < 1:
-        raise _error("--budget is required (the profile does not name a base chunk)")
+        raise CliError("--budget is required (the profile does not name a base chunk)")
     block = args.block_size or (info.block_size if info else 16)
     if block < 1:
-        raise _error(f"--block-size must be a positive integer, got {block}")
+        raise CliError(f"--block-size must be a positive integer, got {block}")
     policies = _policies(args, budget, info)
     workload = Workload(concurrency=args.concurrency, num_requests=args.requests,
                         prompt_len=args.prompt_len, variable=args.variable,
@@ -208,7 +198,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def _plot_results(results: list[SimResult], path: str, window: float | None,
                   concurrency: int, stages: int, prompt_len: int) -> str:
-    from vllm_ascend_cpp.plots import PlotError, describe, gantt
+    from .plots import PlotError, describe, gantt
 
     if window is None:
         # Enough to see the pipeline fill, run and drain for the first few requests.
@@ -229,7 +219,7 @@ def _plot_results(results: list[SimResult], path: str, window: float | None,
                      title=f"pp={stages}, prompts of {prompt_len} tokens, concurrency "
                            f"{concurrency}: simulated pipeline")
     except PlotError as exc:
-        raise _error(str(exc)) from None
+        raise CliError(str(exc)) from None
 
 
 # -- report -------------------------------------------------------------------------------
@@ -268,16 +258,16 @@ def _read_trace(path: str) -> list[dict]:
                 except json.JSONDecodeError:
                     # The engine may still be writing: a torn last line is not an error.
                     if fh.readline():
-                        raise _error(f"trace {path} line {n} is not JSON") from None
+                        raise CliError(f"trace {path} line {n} is not JSON") from None
     except OSError as exc:
-        raise _error(f"cannot read trace {path}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot read trace {path}: {exc.strerror or exc}") from None
     return lines
 
 
 def _stages_for(path: str, given: int | None) -> int:
     if given is not None:
         if given < 1:
-            raise _error(f"--pp must be a positive integer, got {given}")
+            raise CliError(f"--pp must be a positive integer, got {given}")
         return given
     try:
         info = load_profile(os.path.expanduser(path) + ".report.json")
@@ -289,7 +279,7 @@ def _stages_for(path: str, given: int | None) -> int:
 def run_report(args: argparse.Namespace) -> int:
     labels = args.label or []
     if labels and len(labels) != len(args.trace):
-        raise _error("give one --label per --trace")
+        raise CliError("give one --label per --trace")
     summaries = []
     panels = []
     for k, path in enumerate(args.trace):
@@ -301,7 +291,7 @@ def run_report(args: argparse.Namespace) -> int:
             panels.append((label, trace_timeline(lines, stages)))
     plot_path = None
     if args.plot:
-        from vllm_ascend_cpp.plots import PlotError, describe, gantt
+        from .plots import PlotError, describe, gantt
 
         subtitles = [describe(math.nan, s["prefill_step_cv"] or math.nan,
                               s["bubble_fraction"] if s["bubble_fraction"] is not None
@@ -312,7 +302,7 @@ def run_report(args: argparse.Namespace) -> int:
                               title="pipeline reconstructed from the trace (measured step "
                                     "times where timed, predicted elsewhere)")
         except PlotError as exc:
-            raise _error(str(exc)) from None
+            raise CliError(str(exc)) from None
     if args.json:
         print(json.dumps({"traces": summaries, "plot": plot_path}, indent=2))
         return 0

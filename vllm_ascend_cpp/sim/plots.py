@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from vllm_ascend_cpp.sim.timeline import Timeline, merge_intervals
+from .timeline import Timeline, merge_intervals
 
 __all__ = ["gantt", "PlotError"]
 
