@@ -330,7 +330,7 @@ def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
     if kv_holding is not None:
         order = _chain(kv_holding, waiting)
     elif skipped and waiting and _priority_policy(scheduler, waiting):
-        order = heapq.merge(_ordered(skipped), _ordered(waiting))
+        order = heapq.merge(skipped, waiting)
     else:
         order = _chain(skipped, waiting)
     out: list[Any] = []
@@ -342,21 +342,11 @@ def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
 
 
 def _chain(*queues: Any) -> Iterator[Any]:
+    # vLLM's queues iterate in pop order themselves (the FCFS deque front to back, the priority
+    # queue by popping a copy of its heap), and lazily: only the first `limit` are read.
     for queue in queues:
         if queue:
-            yield from _ordered(queue)
-
-
-def _ordered(queue: Any) -> list[Any]:
-    """A queue in pop order: vLLM's priority queue iterates its heap in order already; a bare
-    heap list (older shapes) is sorted by Request.__lt__ (priority, arrival time, id)."""
-    items = list(queue)
-    if _is_priority_queue(queue):
-        try:
-            items = sorted(items)
-        except TypeError:
-            pass
-    return items
+            yield from queue
 
 
 def _priority_policy(scheduler: Any, queue: Any) -> bool:
@@ -547,15 +537,6 @@ def preempted_request_ids(scheduler_output: Any) -> tuple[str, ...]:
 def read_step_ms(model_runner_output: Any) -> float | None:
     value = getattr(model_runner_output, STEP_MS_ATTR, None)
     return float(value) if value is not None else None
-
-
-def is_last_pp_rank() -> bool:
-    try:
-        from vllm.distributed import get_pp_group
-
-        return bool(get_pp_group().is_last_rank)
-    except Exception:
-        return True
 
 
 def worker_ranks() -> dict[str, int]:

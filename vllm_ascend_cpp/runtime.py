@@ -9,6 +9,7 @@ It reads vLLM objects by attribute through `compat`, and imports nothing from vL
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,10 @@ from vllm_ascend_cpp.log import logger
 from vllm_ascend_cpp.trace import TraceWriter
 
 ACTIVE_STATES = (CppState.READY, CppState.CALIBRATING)
+# Steps scheduled and not yet back: at most the pipeline's depth of batches are in flight, so
+# a record older than a few depths belongs to a step whose result never came back (an aborted
+# or failed step); it goes, oldest first, instead of keeping its output's id alive forever.
+PENDING_DEPTHS = 4
 
 
 @dataclass
@@ -36,6 +41,23 @@ class StepRecord:
     state: str
     preempted: tuple[str, ...] = ()  # requests vLLM preempted (KV cache full) for this step
     scheduled_at: float = 0.0  # time.monotonic() when vLLM's schedule() returned it
+
+
+def scheduled_items(requests: Mapping[str, Any],
+                    num_scheduled_tokens: Mapping[str, int]) -> list[tuple[str, int, int, bool]]:
+    """(req_id, history, tokens, is_prefill) of each scheduled request still known.
+
+    vLLM advances `num_computed_tokens` when it schedules, so the step's history is that count
+    less the tokens scheduled now.
+    """
+    items = []
+    for req_id, n in num_scheduled_tokens.items():
+        req = requests.get(req_id)
+        if req is None:
+            continue
+        history = int(req.num_computed_tokens) - int(n)
+        items.append((req_id, history, int(n), history < int(req.num_prompt_tokens)))
+    return items
 
 
 def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
@@ -64,12 +86,12 @@ class CppRuntime:
         self.trace = TraceWriter(cfg.trace_file) if cfg.trace_file else None
         self.max_budget: int = facts.max_num_batched_tokens
         self._step = 0
-        self._pending: dict[int, StepRecord] = {}
+        self._pending: dict[int, StepRecord] = {}  # by id(scheduler output), oldest first
+        self._pending_cap = PENDING_DEPTHS * max(2, facts.pp_size)
         self._last_summary = time.monotonic()
         self.plan_mismatches = 0
         self.steps_planned = 0
         self.steps_timed = 0
-        self.fallback_warned = False
         self._last_finish: float | None = None
         self._last_had_prefill = False
 
@@ -99,20 +121,14 @@ class CppRuntime:
             make(t) for t in compat.pending_work(waiting)
         ]
 
-    def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> None:
-        """Record what vLLM actually scheduled; mark the step for timing when sampled."""
+    def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> StepRecord | None:
+        """Record what vLLM actually scheduled; mark the step for timing when sampled.
+
+        Returns the step's record (None for a step without requests)."""
         self._step += 1
-        items: list[tuple[str, int, int, bool]] = []
-        requests = scheduler.requests
-        for req_id, n in output.num_scheduled_tokens.items():
-            req = requests.get(req_id)
-            if req is None:
-                continue
-            history = int(req.num_computed_tokens) - int(n)
-            is_prefill = history < int(req.num_prompt_tokens)
-            items.append((req_id, history, int(n), is_prefill))
+        items = scheduled_items(scheduler.requests, output.num_scheduled_tokens)
         if not items:
-            return
+            return None
         if plan is not None:
             planned = {i.req_id: i.tokens for i in plan.items}
             actual = {rid: n for rid, _, n, _ in items}
@@ -122,10 +138,14 @@ class CppRuntime:
         timed = self.manager.should_time_step()
         if timed:
             setattr(output, compat.TIME_STEP_ATTR, True)
-        self._pending[id(output)] = StepRecord(
+        rec = StepRecord(
             self._step, items, plan, timed, self.manager.state.value,
             compat.preempted_request_ids(output), time.monotonic(),
         )
+        self._pending[id(output)] = rec
+        while len(self._pending) > self._pending_cap:
+            del self._pending[next(iter(self._pending))]
+        return rec
 
     def finished(self, output: Any, model_output: Any) -> None:
         """The step's result is back: feed calibration, write the trace, maybe log."""
@@ -157,9 +177,6 @@ class CppRuntime:
             self.manager.record_host_gap((now - last) * 1000.0 - measured)
         self._last_finish = now
         self._last_had_prefill = has_prefill
-
-    def forget(self, output: Any) -> None:
-        self._pending.pop(id(output), None)
 
     # ----- logs ----------------------------------------------------------------------------
 

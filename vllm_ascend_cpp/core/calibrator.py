@@ -108,7 +108,6 @@ class OnlineCalibrator:
         self.rejected_rows = 0
         self.attempts = 0
         self.gave_up = False
-        self.last_event: CalibrationEvent | None = None
 
     @property
     def n_rows(self) -> int:
@@ -188,10 +187,8 @@ class OnlineCalibrator:
 
     def _emit(self, kind: str, reason: str, model: LatencyModel | None,
               rel: float) -> CalibrationEvent:
-        event = CalibrationEvent(kind=kind, reason=reason, model=model, rel_residual=rel,
-                                 failed_fits=self.failed_fits)
-        self.last_event = event
-        return event
+        return CalibrationEvent(kind=kind, reason=reason, model=model, rel_residual=rel,
+                                failed_fits=self.failed_fits)
 
     def _gated_fit(self, X: np.ndarray, y: np.ndarray) -> tuple[LatencyModel | None, float,
                                                                 str]:

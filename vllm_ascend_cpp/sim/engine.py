@@ -43,7 +43,7 @@ import numpy as np
 from vllm_ascend_cpp.config import CppConfig, validate_for_engine
 from vllm_ascend_cpp.core.latency_model import LatencyModel
 from vllm_ascend_cpp.core.step_planner import StepPlan
-from vllm_ascend_cpp.runtime import CppRuntime
+from vllm_ascend_cpp.runtime import CppRuntime, scheduled_items
 
 from .timeline import StepSpan, Timeline, cv
 
@@ -247,10 +247,18 @@ class SimScheduler:
 
 
 @dataclass
+class _SimOutput:
+    """The part of vLLM's SchedulerOutput the plugin's runtime reads."""
+
+    num_scheduled_tokens: dict[str, int]
+
+
+@dataclass
 class _Batch:
     items: list[tuple[SimRequest, int, int, bool]]  # (request, history, tokens, is_prefill)
     done_ms: float
     span: StepSpan | None
+    output: _SimOutput
 
 
 @dataclass
@@ -333,6 +341,20 @@ def build_runtime(engine: EngineSpec, policy: Policy) -> CppRuntime:
     return rt
 
 
+def _through_stages(stage_free: list[float], now: float, step_ms: float,
+                    scale: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Start and end on each stage of a step dispatched at ``now``; books the stages."""
+    starts, ends = [], []
+    prev = now
+    for s, free in enumerate(stage_free):
+        start = max(prev, free)
+        prev = start + step_ms * scale[s]
+        starts.append(start)
+        ends.append(prev)
+        stage_free[s] = prev
+    return starts, ends
+
+
 def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
                     record_timeline: bool = False) -> SimResult:
     """Run ``workload`` on ``engine`` under ``policy``; see the module docstring."""
@@ -355,7 +377,7 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
     spans: list[StepSpan] = []
     step_ms_all: list[float] = []
     now = 0.0
-    steps = prefill_steps = mismatches = 0
+    steps = prefill_steps = 0
     targets: list[float] = []
     done = 0
     seq = len(arrivals)
@@ -382,26 +404,19 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
             else:
                 budget, cap = policy.budget, 0
             now += engine.sched_ms
-            scheduled = sched.schedule(budget, cap)
-            if plan is not None:
-                planned = {i.req_id: i.tokens for i in plan.items}
-                if planned != {r.request_id: n for r, n in scheduled}:
-                    mismatches += 1
-            items = [(r, r.num_computed_tokens - n, n, r.num_computed_tokens - n
-                      < r.num_prompt_tokens) for r, n in scheduled]
+            output = _SimOutput({r.request_id: n for r, n in sched.schedule(budget, cap)})
+            # What the plugin records of the step, by the plugin's own code.
+            if runtime is not None:
+                rec = runtime.scheduled(sched, output, plan)
+                rows = rec.items if rec is not None else []
+            else:
+                rows = scheduled_items(sched.requests, output.num_scheduled_tokens)
+            items = [(sched.requests[rid], h, n, pre) for rid, h, n, pre in rows]
             if items:
                 t = model.step_ms([(h, n) for _, h, n, _ in items])
                 if engine.noise > 0:
                     t *= max(0.05, 1.0 + engine.noise * float(rng.standard_normal()))
-                starts, ends = [], []
-                prev = now
-                for s in range(S):
-                    start = max(prev, stage_free[s])
-                    end = start + t * scale[s]
-                    starts.append(start)
-                    ends.append(end)
-                    stage_free[s] = end
-                    prev = end
+                starts, ends = _through_stages(stage_free, now, t, scale)
                 steps += 1
                 has_prefill = any(pre for *_, pre in items)
                 prefill_steps += has_prefill
@@ -410,12 +425,12 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
                                 t, starts, ends,
                                 plan.predicted_ms if plan is not None else math.nan)
                 spans.append(span)
-                batch = _Batch(items, ends[-1], span)
+                batch = _Batch(items, ends[-1], span, output)
             else:
                 # An empty batch still takes a queue slot; it is done once the workers
                 # reach it, i.e. after the batch before it.
                 prior = batch_queue[0].done_ms if batch_queue else now
-                batch = _Batch([], max(now, prior), None)
+                batch = _Batch([], max(now, prior), None, output)
             batch_queue.appendleft(batch)
             if len(batch_queue) < S and (items or sched.has_requests()):
                 continue
@@ -426,6 +441,8 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
             continue
         batch = batch_queue.pop()
         now = max(now, batch.done_ms)
+        if runtime is not None:
+            runtime.finished(batch.output, None)  # no measured time: the model is the truth
         for req, h, n, _pre in batch.items:
             if h + n < req.num_prompt_tokens:
                 continue  # a partial prefill chunk samples nothing
@@ -455,7 +472,8 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
         request_throughput=len(all_reqs) / (makespan / 1000.0) if makespan > 0 else math.nan,
         prefill_step_cv=cv([s.stage_ms for s in spans if s.has_prefill]),
         bubble_fraction=tl.bubble_fraction(), steps=steps, prefill_steps=prefill_steps,
-        plan_mismatches=mismatches, targets_ms=targets)
+        plan_mismatches=runtime.plan_mismatches if runtime is not None else 0,
+        targets_ms=targets)
     if timeline is not None:
         result.timeline = tl
     return result
