@@ -25,6 +25,8 @@ MIXED_LENGTHS = [100, 12000, 350, 7000, 1500, 9000, 64, 3000, 11000, 500,
 LONG = 12288
 BUDGET = 2048
 MAX_LEN = 16384
+# Median |predicted - measured| / measured over the timed prefill steps with online calibration.
+MAX_MEDIAN_PREDICTION_ERROR = 0.35
 
 BATCHES = [
     {"lengths": [LONG], "seed": 1, "max_tokens": 2},
@@ -115,8 +117,12 @@ def test_online_calibration_reports_prediction_error(cpp_run: EngineRun) -> None
     ]
     assert len(rows) >= 10, "too few timed prefill steps"
     errors = [abs(p - m) / m for p, m in rows]
+    median = statistics.median(errors)
     print(f"online: {len(rows)} timed prefill steps, median |pred-meas|/meas = "
-          f"{100 * statistics.median(errors):.1f}%")
+          f"{100 * median:.1f}%")
+    # Generous for a shared machine (the quiet-machine sweep is within ~19%), yet a model off
+    # by a factor of two, or one missing the attention term at these lengths, is far outside.
+    assert median <= MAX_MEDIAN_PREDICTION_ERROR, f"median error {100 * median:.1f}%"
 
 
 def test_sweep_predicts_real_prefills(engine_root: Path) -> None:
@@ -124,8 +130,9 @@ def test_sweep_predicts_real_prefills(engine_root: Path) -> None:
 
     Spread over max_num_seqs requests (vLLM's default dummy batch) the attention area would be
     ~16x smaller and a 4k prefill would be predicted several times too fast; the band below
-    catches that without being a timing assertion on a shared machine. The 15% accuracy
-    figure is measured on a quiet machine by benchmarks/sweep_accuracy.py.
+    catches that without being a timing assertion on a shared machine. The accuracy on a quiet
+    machine is measured by benchmarks/sweep_accuracy.py: worst error 18.9% (at 2048 tokens),
+    against a goal of 15% (benchmarks/results/sweep_accuracy.md).
     """
     wd = engine_root / "predict"
     run = run_engine_job(wd, **sweep_accuracy_job(wd))

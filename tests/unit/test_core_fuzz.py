@@ -23,6 +23,7 @@ from vllm_ascend_cpp.core import (
     Candidate,
     ChunkSizePredictor,
     CoreSettings,
+    CppState,
     LatencyModel,
     ProfilingChunkManager,
     StepPlanner,
@@ -208,6 +209,7 @@ def test_a_queue_is_served_to_completion_step_by_step(case: tuple) -> None:
     state = [[hit, hit + prompt, out] for prompt, hit, out in requests]
     chunks: dict[str, int] = {f"q{i}": 0 for i in range(len(state))}
     limit = sum(p for p, _, _ in requests) + sum(o for *_, o in requests) + 8 * len(requests)
+    fallbacks = 0
     for step in range(limit + 1):
         cands = []
         for i, (h, end, out) in enumerate(state):
@@ -217,7 +219,10 @@ def test_a_queue_is_served_to_completion_step_by_step(case: tuple) -> None:
                 cands.append(Candidate(f"q{i}", h, 1, False))
         if not cands:
             break
+        serving = m.state in (CppState.READY, CppState.CALIBRATING)
         plan = m.plan_step(cands, max_budget=max_budget, max_requests=max_requests)
+        assert serving or plan.fallback, f"planned in state {m.state.value}"
+        fallbacks += plan.fallback
         assert plan.items, "a step with runnable requests scheduled nothing"
         assert 1 <= plan.token_budget <= max_budget
         for item in plan.items:
@@ -243,4 +248,4 @@ def test_a_queue_is_served_to_completion_step_by_step(case: tuple) -> None:
         assert cal.n_rows == 0 and cal.attempts == 0  # garbage never reaches a fit
     summary = m.summary()
     assert summary["steps_planned"] == step
-    assert math.isfinite(float(summary["fallback_steps"]))
+    assert summary["fallback_steps"] == fallbacks
