@@ -9,7 +9,6 @@ ARGS...`, see `run_vllm_cli`). The server's arguments come from
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shlex
@@ -21,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from vllm_ascend_cpp.testing.server import (
     operator_command,
     server_command,
 )
+
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
@@ -257,8 +257,8 @@ def _wait_gone(procs: list[Any], timeout: float) -> list[Any]:
 
 # ----- a client workload ------------------------------------------------------------------
 
-# The tiny model's tokenizer maps each word "w<i>" to one token (vllm_ascend_cpp/testing/tiny_model.py), so a prompt of
-# n such words is exactly n prompt tokens.
+# The tiny model's tokenizer (vllm_ascend_cpp/testing/tiny_model.py) maps each word "w<i>" to
+# one token, so a prompt of n such words is exactly n prompt tokens.
 TINY_WORDS = 2045
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_ascend_cpp import cli
 from tests.serving import (
     Reply,
     ServerProcess,
@@ -28,6 +27,7 @@ from tests.serving import (
     free_port,
     send_concurrently,
 )
+from vllm_ascend_cpp import cli
 
 BUDGET = 2048
 MAX_LEN = 16384

@@ -13,6 +13,9 @@ CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
     # One core per stage: two stages on 2 cores would otherwise fight over both.
     "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+    # No hub: the model directory holds everything.
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
 }
 
 

@@ -48,8 +48,8 @@ def _fmt(x: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_ascend_cpp.testing import engine as harness
     from vllm_ascend_cpp.core import LatencyModel, format_report, pipeline_ttft_ms
+    from vllm_ascend_cpp.testing import engine as harness
     from vllm_ascend_cpp.trace import read_trace
 
     if args.prompt_len < 1 or args.budget < 64:
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.budget,
         max_model_len=max_len,
         cpp_config=cpp,
+        tokenizer=True,
     )
     prompt = harness.token_prompt(args.prompt_len, seed=1)
 
@@ -128,5 +129,5 @@ def run(args: argparse.Namespace) -> int:
             f"[demo] TTFT of the {args.prompt_len}-token prompt: fixed {ttft_fixed:.0f} ms, "
             f"CPP {ttft_dynamic:.0f} ms (ratio {ttft_dynamic / ttft_fixed:.2f})"
         )
-    print(f"[demo] trace: {trace_path}")
+    print(f"[demo] step trace: {trace_path}   startup report: {trace_path}.report.json")
     return 0

@@ -30,6 +30,9 @@ class EngineSpec:
     # and bfloat16's rounding would turn that into near-tie flips of greedy tokens.
     dtype: str = "bfloat16"
     model_overrides: dict = field(default_factory=dict)
+    # With the tiny word-level tokenizer vLLM warms up its chat template (which fails, with a
+    # traceback in the log, when the tokenizer is skipped); token-id prompts work either way.
+    tokenizer: bool = False
     extra: dict = field(default_factory=dict)
 
 
@@ -37,11 +40,11 @@ def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     """vLLM engine arguments for `spec` (also writes the tiny model's config)."""
     set_cpu_env()
     model_dir = spec.model_dir or os.path.join(tempfile.gettempdir(), "cpp-tiny-llama")
-    write_tiny_llama(model_dir, overrides=spec.model_overrides)
+    write_tiny_llama(model_dir, overrides=spec.model_overrides, with_tokenizer=spec.tokenizer)
     kwargs: dict[str, Any] = dict(
         model=model_dir,
         load_format="dummy",
-        skip_tokenizer_init=True,
+        skip_tokenizer_init=not spec.tokenizer,
         pipeline_parallel_size=spec.pipeline_parallel_size,
         enforce_eager=True,
         enable_chunked_prefill=True,

@@ -18,13 +18,7 @@ from .cpu_env import CPU_ENV
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-# No hub: the model directory holds everything.
-CPU_SERVER_ENV = {
-    **CPU_ENV,
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
+CPU_SERVER_ENV = {**CPU_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
