@@ -220,27 +220,84 @@ def scheduler_config_value(scheduler_config: Any, name: str) -> Any:
     return getattr(scheduler_config, name, SCHEDULER_CONFIG_DEFAULTS.get(name))
 
 
+def operator_prefill_cap(scheduler: Any) -> int:
+    """The per-request token cap vLLM's own `schedule()` applies this step (0 = none).
+
+    It comes from the operator's `long_prefill_token_threshold` and applies to every request
+    the walk reaches, prefill or not. 0.32 (the shape with `kv_holding_waiting`) reads it once
+    at the top of schedule(), drops it when at most one request is eligible (running +
+    waiting, `get_request_counts()`), and with `long_prefill_token_threshold_adaptive` floors
+    it at `max_num_batched_tokens // eligible`. Earlier releases apply it as configured.
+    """
+    sched_cfg = getattr(scheduler, "scheduler_config", None)
+    cap = int(scheduler_config_value(sched_cfg, "long_prefill_token_threshold") or 0)
+    if cap <= 0 or not hasattr(scheduler, "kv_holding_waiting"):
+        return max(cap, 0)
+    counts = getattr(scheduler, "get_request_counts", None)
+    if callable(counts):
+        running, waiting = counts()
+    else:
+        running = len(scheduler.running)
+        waiting = len(scheduler.waiting) + len(scheduler.kv_holding_waiting)
+    eligible = int(running) + int(waiting)
+    if eligible <= 1:
+        return 0
+    if getattr(scheduler, "adaptive_long_prefill_threshold", False):
+        cap = max(cap, int(sched_cfg.max_num_batched_tokens) // eligible)
+    return cap
+
+
+def step_token_limit(scheduler: Any) -> int:
+    """The most tokens vLLM's own `schedule()` puts in one step (no speculative decoding).
+
+    `max_num_scheduled_tokens` everywhere; from 0.30 on schedule() also stops at its
+    `input_budget` (scheduler_config.max_num_batched_tokens), the smaller of the two wins.
+    """
+    limit = int(scheduler.max_num_scheduled_tokens)
+    version = loaded_vllm_version()
+    if version is None or version[:2] >= (0, 30):
+        inputs = getattr(getattr(scheduler, "scheduler_config", None),
+                         "max_num_batched_tokens", None)
+        if inputs is not None:
+            limit = min(limit, int(inputs))
+    return limit
+
+
+def combined_cap(ours: int, operator: int) -> int:
+    """The smaller of two per-request caps, where 0 means "no cap"."""
+    if ours <= 0:
+        return max(operator, 0)
+    if operator <= 0:
+        return ours
+    return min(ours, operator)
+
+
 @contextlib.contextmanager
 def step_limits(scheduler: Any, token_budget: int, prefill_cap: int) -> Iterator[None]:
     """Set this step's token budget and per-request prefill cap around one schedule() call.
 
-    vLLM's schedule() starts from `self.max_num_scheduled_tokens` and caps each prefill at
+    vLLM's schedule() starts from `self.max_num_scheduled_tokens` and caps each request at
     `scheduler_config.long_prefill_token_threshold`; both are read during the call (0.32 reads
     the cap once at its top, earlier releases in each loop), so setting them for the duration
-    of the call steers it without copying it. 0.32 ignores the cap when only one request is
+    of the call steers it without copying it. Neither limit is ever raised above the
+    operator's: the budget is at most vLLM's own, and our cap is combined with the cap vLLM
+    would apply this step (`operator_prefill_cap`) by taking the smaller. With our cap 0 the
+    operator's setting is left as it is. 0.32 ignores the cap when only one request is
     eligible; the plan's budget is then that request's chunk, so the step is the same. The
-    adaptive floor (0.32) would raise our cap, so it is off for the call. Everything is
-    restored afterwards, also when schedule() raises.
+    adaptive floor (0.32) would raise our cap, so it is off for the call (the operator's
+    floored cap is already folded in). Everything is restored afterwards, also when
+    schedule() raises.
     """
     sched_cfg = scheduler.scheduler_config
     old_budget = scheduler.max_num_scheduled_tokens
     old_cap = scheduler_config_value(sched_cfg, "long_prefill_token_threshold")
     has_adaptive = hasattr(scheduler, "adaptive_long_prefill_threshold")
     old_adaptive = scheduler.adaptive_long_prefill_threshold if has_adaptive else None
-    scheduler.max_num_scheduled_tokens = int(token_budget)
-    if prefill_cap > 0:
+    cap = combined_cap(int(prefill_cap), operator_prefill_cap(scheduler)) if prefill_cap > 0 else 0
+    scheduler.max_num_scheduled_tokens = min(int(token_budget), int(old_budget))
+    if cap > 0:
         # object.__setattr__: pydantic dataclasses may validate assignment in some releases.
-        object.__setattr__(sched_cfg, "long_prefill_token_threshold", int(prefill_cap))
+        object.__setattr__(sched_cfg, "long_prefill_token_threshold", cap)
         if has_adaptive:
             scheduler.adaptive_long_prefill_threshold = False
     try:
@@ -253,14 +310,19 @@ def step_limits(scheduler: Any, token_budget: int, prefill_cap: int) -> Iterator
 
 
 def request_progress(request: Any) -> tuple[int, int, bool]:
-    """(history, tokens it still needs, is prefill) as vLLM's scheduler will see it."""
+    """(history, tokens it still needs, is prefill) as vLLM's scheduler will see it.
+
+    "Prefill" is every request that still has more than its next token to compute: the
+    prompt, and also the output tokens a preempted request replays after it is resumed (vLLM
+    chunks and caps both alike).
+    """
     computed = int(request.num_computed_tokens)
     placeholders = int(getattr(request, "num_output_placeholders", 0) or 0)
     with_spec = getattr(request, "num_tokens_with_spec", None)
     total = int(with_spec if with_spec is not None else request.num_tokens)
     remaining = total + placeholders - computed
-    is_prefill = computed < int(request.num_prompt_tokens)
-    return computed, max(remaining, 0), is_prefill
+    prefill_end = max(int(request.num_prompt_tokens), int(request.num_tokens) - 1)
+    return computed, max(remaining, 0), computed < prefill_end
 
 
 def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
@@ -268,7 +330,8 @@ def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
 
     The per-step hot path: attributes read directly (every supported vLLM has them, see
     docs/_generated/vllm_compat_table.md), with `request_progress` as the slow fallback for
-    objects that lack one.
+    objects that lack one. For running requests use `running_work`, which also drops those
+    schedule() will skip.
     """
     out = []
     append = out.append
@@ -277,13 +340,74 @@ def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
             computed = r.num_computed_tokens
             need = r.num_tokens_with_spec + r.num_output_placeholders - computed
             if need > 0:
-                append((r.request_id, computed, need, computed < r.num_prompt_tokens))
+                prompt = r.num_prompt_tokens
+                end = r.num_tokens - 1
+                append((r.request_id, computed, need, computed < (end if end > prompt else prompt)))
     except AttributeError:
         out = []
         for r in requests:
             history, need, is_prefill = request_progress(r)
             if need > 0:
                 out.append((r.request_id, history, need, is_prefill))
+    return out
+
+
+def running_work(scheduler: Any) -> list[tuple[str, int, int, bool]]:
+    """`pending_work` of the running requests, less those vLLM's running loop will skip.
+
+    Besides requests that need nothing (a prefill's last chunk or a decode still in flight
+    under synchronous scheduling), schedule() skips, in every release we support:
+    - async scheduling, a request whose tokens in flight already reach its `max_tokens`
+      (`num_output_placeholders > 0` and `num_computed_tokens + 2 - placeholders >=
+      num_prompt_tokens + max_tokens`);
+    - a request at the model length: its tokens are capped at `max_model_len -
+      num_computed_tokens - 1` (with async scheduling the in-flight token can reach it);
+    and in 0.32, with the V2 model runner under PP and async scheduling, a decode before its
+    `next_decode_eligible_step` (schedule() first advances `current_step`, so the step it
+    compares is `current_step + 1`).
+    """
+    max_len = int(getattr(scheduler, "max_model_len", 0) or 0) or (1 << 62)
+    sampled = int(getattr(scheduler, "num_sampled_tokens_per_step", 1))
+    step = getattr(scheduler, "current_step", None)
+    next_step = None if step is None else int(step) + 1
+    out: list[tuple[str, int, int, bool]] = []
+    append = out.append
+    try:
+        # The hot path (hundreds of running decodes): attributes read directly.
+        for r in scheduler.running:
+            computed = r.num_computed_tokens
+            placeholders = r.num_output_placeholders
+            need = r.num_tokens_with_spec + placeholders - computed
+            if need <= 0:
+                continue
+            prompt = r.num_prompt_tokens
+            if placeholders and computed + 2 - placeholders >= prompt + r.max_tokens:
+                continue
+            if next_step is not None and next_step < r.next_decode_eligible_step:
+                continue
+            room = max_len - computed - sampled
+            if room <= 0:
+                continue
+            end = r.num_tokens - 1
+            append((r.request_id, computed, need if need <= room else room,
+                    computed < (end if end > prompt else prompt)))
+        return out
+    except AttributeError:
+        pass
+    out = []
+    for r in scheduler.running:
+        computed, need, is_prefill = request_progress(r)
+        if need <= 0:
+            continue
+        placeholders = getattr(r, "num_output_placeholders", 0) or 0
+        if placeholders > 0 and (computed + 2 - placeholders
+                                 >= r.num_prompt_tokens + getattr(r, "max_tokens", max_len)):
+            continue
+        if next_step is not None and next_step < getattr(r, "next_decode_eligible_step", 0):
+            continue
+        room = max_len - computed - sampled
+        if room > 0:
+            out.append((r.request_id, computed, min(need, room), is_prefill))
     return out
 
 
@@ -319,7 +443,9 @@ def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
     those queues, tagged in the `deferred_waiting` set). Up to 0.30: `skipped_waiting` comes
     first under FCFS; under the priority policy the two queue heads are compared at each pick,
     which is a merge of the two priority orders. Requests blocked on remote KV or a grammar are
-    kept: schedule() may unblock them in the same call, and we cannot tell beforehand.
+    kept: schedule() may unblock them in the same call, and we cannot tell beforehand. A
+    preempted request whose earlier output is still in flight (`num_stale_output_tokens`,
+    0.32) is skipped by schedule() until that output is back, so it is left out here too.
     """
     if limit <= 0:
         return []
@@ -335,6 +461,10 @@ def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
         order = _chain(skipped, waiting)
     out: list[Any] = []
     for req in order:
+        if getattr(req, "num_stale_output_tokens", 0) and not getattr(
+            req, "drop_stale_output", False
+        ):
+            continue
         out.append(req)
         if len(out) >= limit:
             break

@@ -116,10 +116,14 @@ class CppRuntime:
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
         waiting = compat.waiting_requests(scheduler, compat.admission_slots(scheduler))
+        work = compat.running_work(scheduler) + compat.pending_work(waiting)
+        cap = compat.operator_prefill_cap(scheduler)
+        if cap > 0:
+            # vLLM holds every request to the operator's cap whatever we plan: seen through
+            # it, the plan sizes chunks under it and schedules what vLLM will.
+            return [Candidate(r, h, n if n <= cap else cap, p) for r, h, n, p in work]
         make = Candidate._make
-        return [make(t) for t in compat.pending_work(scheduler.running)] + [
-            make(t) for t in compat.pending_work(waiting)
-        ]
+        return [make(t) for t in work]
 
     def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> StepRecord | None:
         """Record what vLLM actually scheduled; mark the step for timing when sampled.

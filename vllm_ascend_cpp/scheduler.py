@@ -31,9 +31,16 @@ class _CppSchedulerMixin:
             raise RuntimeError("[CPP] scheduler selected without a cpp_config")
         resolved, facts = validate_for_engine(cfg, vllm_config)
         self.cpp = CppRuntime(resolved, facts)
-        self.cpp.max_budget = int(self.max_num_scheduled_tokens)  # type: ignore[attr-defined]
-        # The engine is built (model loaded, KV cache allocated) by the time vLLM constructs
-        # its scheduler, so this is where the workers can be profiled.
+        self.cpp.max_budget = compat.step_token_limit(self)
+        self.start_cpp(vllm_config)
+
+    def start_cpp(self, vllm_config: Any) -> None:
+        """Profile the workers, or load the cached profile.
+
+        The engine is built (model loaded, KV cache allocated) by the time vLLM constructs its
+        scheduler, so this is where the workers can be profiled. The scheduler harness
+        (tests/sched_harness), which has no workers, overrides this to load a given profile.
+        """
         run_startup(executor_for(vllm_config), self.cpp, vllm_config)
 
     # *args/**kwargs: vLLM versions differ in what they pass (throttle_prefills, ...).
