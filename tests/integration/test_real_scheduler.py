@@ -72,7 +72,8 @@ def patterns(draw: st.DrawFn) -> Pattern:
         prefix_caching=draw(st.booleans()),
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         long_prefill_token_threshold=min(threshold, max_model_len),
-        adaptive_threshold=threshold > 0 and draw(st.booleans()),
+        # Adaptive without a threshold is a no-op for vLLM, but must stay one with our cap.
+        adaptive_threshold=draw(st.booleans()),
         async_scheduling=async_scheduling,
         v2_runner=async_scheduling and draw(st.booleans()),
         model=draw(st.sampled_from(sorted(MODELS))),
@@ -148,3 +149,67 @@ def test_a_cached_prefix_is_planned_at_its_true_history() -> None:
     tally = run_pattern(Pattern(shape, turns, seed=3))
     assert tally.prefix_hits >= 3
     assert tally.mismatches["prefix_hit_unseen"] == 0, tally.report()
+
+
+def _plain(tally: Tally) -> None:
+    """Ample KV and no prefix caching: every planned step is exactly what vLLM ran."""
+    assert tally.planned_steps > 0 and tally.matched_steps == tally.planned_steps, tally.report()
+
+
+@pytest.mark.parametrize("v2_runner", [False, True], ids=["v1-runner", "v2-runner-cadence"])
+def test_async_scheduling_plans_only_the_decodes_vllm_runs(v2_runner: bool) -> None:
+    """vLLM's AsyncScheduler leaves out requests whose last token is already in flight and
+    (V2 runner under PP) decodes before their next eligible step; long prompts arriving
+    meanwhile are planned around exactly the decodes it runs."""
+    shape = EngineShape(max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=8,
+                        prefix_caching=False, async_scheduling=True, v2_runner=v2_runner,
+                        min_chunk=1)
+    reqs = [RequestSpec(arrive=i, prompt_len=20 + 7 * i, max_tokens=1 + i % 3)
+            for i in range(6)]
+    reqs += [RequestSpec(arrive=3 + 4 * i, prompt_len=900, max_tokens=30) for i in range(3)]
+    # At the model length: its token in flight reaches max_model_len.
+    reqs.append(RequestSpec(arrive=2, prompt_len=1020, max_tokens=30))
+    tally = run_pattern(Pattern(shape, tuple(reqs), seed=5))
+    _plain(tally)
+    assert tally.async_skips > 0, tally.report()
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_operators_prefill_cap_and_ours_combine_to_the_smaller(adaptive: bool) -> None:
+    """long_prefill_token_threshold=300: at short histories CPP's chunk is above it and the
+    operator's cap holds; deep into long prompts CPP's is smaller and holds. The harness
+    fails any step that gives a request more than the operator's cap."""
+    shape = EngineShape(max_model_len=4096, max_num_batched_tokens=1024, max_num_seqs=4,
+                        prefix_caching=False, long_prefill_token_threshold=300,
+                        adaptive_threshold=adaptive, base_chunk=512, min_chunk=1)
+    reqs = tuple(RequestSpec(arrive=2 * (i // 2), prompt_len=4000 - 300 * i, max_tokens=3)
+                 for i in range(4))
+    tally = run_pattern(Pattern(shape, reqs, seed=9))
+    _plain(tally)
+    assert tally.cap_ours > 0 and tally.cap_operator > 0, tally.report()
+
+
+def test_limits_are_restored_when_vllms_schedule_raises() -> None:
+    from tests.sched_harness.build import build_scheduler
+    from tests.sched_harness.traffic import block_hasher, make_request
+
+    shape = EngineShape(adaptive_threshold=True, base_chunk=256)
+    pattern = Pattern(shape, tuple(RequestSpec(arrive=0, prompt_len=1500, max_tokens=2)
+                                   for _ in range(2)))
+    sched = build_scheduler(shape)
+    for i in range(2):
+        sched.add_request(make_request(pattern, i, float(i), block_hasher(16)))
+    plan = sched.cpp.plan(sched)
+    assert plan is not None and 0 < plan.prefill_cap < 1500
+    assert plan.token_budget < sched.max_num_scheduled_tokens
+    before = (sched.max_num_scheduled_tokens, sched.scheduler_config.long_prefill_token_threshold,
+              sched.adaptive_long_prefill_threshold)
+
+    def broken() -> None:
+        raise RuntimeError("vLLM failed mid-schedule")
+
+    sched.kv_cache_manager.new_step_starts = broken  # called inside vLLM's schedule()
+    with pytest.raises(RuntimeError, match="mid-schedule"):
+        sched.schedule()
+    assert (sched.max_num_scheduled_tokens, sched.scheduler_config.long_prefill_token_threshold,
+            sched.adaptive_long_prefill_threshold) == before == (512, 0, True)

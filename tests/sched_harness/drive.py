@@ -66,11 +66,16 @@ class Tally:
     max_requests_per_pattern: int = 0
     # Planned steps of patterns whose KV cache cannot hold all their requests at once.
     kv_short_planned_steps: int = 0
+    # Running requests with output in flight (async) that vLLM left out of a step.
+    async_skips: int = 0
+    # Planned steps under an operator cap where the smaller cap was CPP's / the operator's.
+    cap_ours: int = 0
+    cap_operator: int = 0
 
     def add(self, other: Tally) -> None:
         for name in ("patterns", "requests", "finished", "aborted", "steps", "planned_steps",
                      "matched_steps", "preemptions", "prefix_hits", "async_patterns",
-                     "kv_short_planned_steps"):
+                     "kv_short_planned_steps", "async_skips", "cap_ours", "cap_operator"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.mismatches.update(other.mismatches)
         self.patterns_by_policy.update(other.patterns_by_policy)
@@ -173,6 +178,7 @@ class PatternRun:
         running, waiting = sched.get_request_counts()
         waiting_ids = {r.request_id for r in sched.waiting} | {
             r.request_id for r in sched.kv_holding_waiting}
+        in_flight = [r.request_id for r in sched.running if r.num_output_placeholders > 0]
         self.obs.reset()
         out = sched.schedule()
         if _limits(sched) != before:
@@ -187,8 +193,11 @@ class PatternRun:
         self.tally.prefix_hits += len(hits)
         preempted = compat.preempted_request_ids(out)
         self.tally.preemptions += len(preempted)
+        self.tally.async_skips += sum(
+            1 for rid in in_flight if rid not in actual and rid not in preempted)
         plan = self.obs.plan
         if plan is not None:
+            self._count_caps(plan, running + waiting)
             self._compare(plan, actual, hits, preempted)
         self._check_decodes(actual)
         self.samplers[id(out)] = {
@@ -201,13 +210,29 @@ class PatternRun:
         own = min(self.sched.max_num_scheduled_tokens, shape.max_num_batched_tokens)
         if total > own:
             self.fail(f"step of {total} tokens over vLLM's own limit {own}")
-        cap = shape.long_prefill_token_threshold
-        if cap > 0 and eligible > 1:
-            if shape.adaptive_threshold:
-                cap = max(cap, shape.max_num_batched_tokens // eligible)
+        cap = self._operator_cap(eligible)
+        if cap > 0:
             over = {rid: n for rid, (_, n) in actual.items() if n > cap}
             if over:
                 self.fail(f"operator cap {cap} exceeded ({eligible} eligible): {over}")
+
+    def _operator_cap(self, eligible: int) -> int:
+        """The cap vLLM's own schedule() applies (the option's documented meaning)."""
+        shape = self.shape
+        cap = shape.long_prefill_token_threshold
+        if cap <= 0 or eligible <= 1:
+            return 0
+        if shape.adaptive_threshold:
+            cap = max(cap, shape.max_num_batched_tokens // eligible)
+        return cap
+
+    def _count_caps(self, plan: Any, eligible: int) -> None:
+        operator = self._operator_cap(eligible)
+        if operator > 0:
+            if 0 < plan.prefill_cap < operator:
+                self.tally.cap_ours += 1
+            else:
+                self.tally.cap_operator += 1
 
     def _compare(self, plan: Any, actual: dict, hits: list[str],
                  preempted: tuple[str, ...]) -> None:

@@ -123,18 +123,6 @@ def test_scheduler_walk_is_vllms():
     assert [n for _, n in lone.schedule(1000, 200)] == [1000]
 
 
-@pytest.mark.parametrize("kind", ["cpp-base", "cpp-auto"])
-@pytest.mark.parametrize("concurrency", [1, 3])
-def test_plans_match_the_simulated_walk(kind, concurrency):
-    wl = Workload(prompt_len=40_000, concurrency=concurrency, num_requests=2 * concurrency,
-                  variable=True, output_len=8)
-    r = simulate_policy(engine(2), Policy(kind, 8192), wl)
-    assert r.plan_mismatches == 0
-    assert len(r.ttft_ms) == 2 * concurrency and all(t > 0 for t in r.ttft_ms)
-    if kind == "cpp-auto":
-        assert r.targets_ms
-
-
 def test_closed_loop_keeps_concurrency_and_remote_decode_delays_the_next_request():
     wl = Workload(prompt_len=10_000, concurrency=2, num_requests=6, decode="remote",
                   remote_tpot_ms=100.0)
