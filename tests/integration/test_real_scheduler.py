@@ -21,7 +21,7 @@ from tests.sched_harness.build import MODELS, EngineShape
 from tests.sched_harness.drive import REASONS, Tally, run_pattern
 from tests.sched_harness.traffic import Pattern, RequestSpec
 
-EXAMPLES = int(os.environ.get("CPP_HARNESS_EXAMPLES", "0") or 0) or 400
+EXAMPLES = int(os.environ.get("CPP_HARNESS_EXAMPLES", "0") or 0) or 1000
 
 # The planner does not look cached prefixes up yet (issue 12, item 1): a request admitted at
 # a prefix-cache hit is planned from history 0. Once it does, prefix_hit_unseen must be 0.
