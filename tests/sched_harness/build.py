@@ -81,7 +81,7 @@ class EngineShape:
 
 @functools.cache
 def _tiny_model_dir() -> str:
-    from vllm_ascend_cpp.tiny_model import write_tiny_llama
+    from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama
 
     path = Path(tempfile.gettempdir()) / "cpp-sched-harness-llama"
     return str(write_tiny_llama(path))
