@@ -687,3 +687,12 @@ def platform_name() -> str:
         return str(getattr(platform, "device_name", "") or platform.device_type)
     except Exception:
         return "unknown"
+
+
+def inproc_scheduler(llm: Any) -> Any | None:
+    """The scheduler of an `LLM` whose engine core runs in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), or None when it runs elsewhere. Tests and benchmarks
+    reach the CPP runtime this way; a served engine never does."""
+    core = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None),
+                   "engine_core", None)
+    return getattr(core, "scheduler", None)

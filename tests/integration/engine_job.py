@@ -16,6 +16,8 @@ tests, and vLLM's spawn rules are met (this file has the `__main__` guard). SPEC
   With driver "async" also "arrivals" (seconds after the batch starts, one per request) and
   "abort_mid_prefill" (indices of requests to abort once the trace shows their first prefill
   chunk; needs cpp_config.trace_file).
+- bench_policy (driver "sync", in-process engine core): {"mode", "budget"} passed to
+  CppRuntime.set_bench_policy before the batch (the benchmark-only policy switch).
 - rss_every_s (driver "async"): also sample resident memory every so many seconds.
 - runs (instead of engine/batches): several engines one after another in this process, each
   {"label", "engine", "batches", "env"} (see run_many).
@@ -121,6 +123,13 @@ def _sync_batch(llm: Any, batch: dict) -> dict:
     prompts = _prompts(batch)
     max_tokens = _max_tokens(batch, len(prompts))
     lp = batch.get("prompt_logprobs")
+    policy = batch.get("bench_policy")
+    if policy is not None:
+        from vllm_ascend_cpp import compat
+
+        scheduler = compat.inproc_scheduler(llm)
+        assert scheduler is not None, "bench_policy needs VLLM_ENABLE_V1_MULTIPROCESSING=0"
+        scheduler.cpp.set_bench_policy(policy.get("mode"), policy.get("budget"))
     groups = ([list(range(len(prompts)))] if batch.get("concurrent", True)
               else [[i] for i in range(len(prompts))])
     outs: list[dict] = []

@@ -299,6 +299,31 @@ class ProfilingChunkManager:
             self.auto = AutoTargetTracker(AutoTarget(self.predictor, self.settings.pp_size,
                                                      host_ms=self._host_ms_in_use))
 
+    def reconfigure(self, settings: CoreSettings) -> None:
+        """Swap the chunk settings and target mode, keeping the fitted model, the calibration
+        window, the host-time history and the state.
+
+        For benchmarks that serve several policies from one engine (see
+        ``CppRuntime.set_bench_policy``): a policy switch then changes only what a separate
+        engine with those settings would have planned with, not what the engine has learnt.
+        """
+        self.settings = settings
+        self.predictor = ChunkSizePredictor(
+            None, base_chunk=settings.base_chunk, smooth_factor=settings.smooth_factor,
+            min_chunk=settings.min_chunk, block_size=settings.block_size)
+        if self.model is not None:
+            self.predictor = self.predictor.with_model(self.model)
+        self.planner = StepPlanner(self.predictor)
+        # A separate auto engine learns its host time from its own gaps; these gaps come
+        # from the same engine, so the auto target starts from what they say.
+        if settings.target_mode != "auto":
+            self._host_ms_in_use = 0.0  # only the auto target learns and uses it
+        elif len(self._host_gaps) >= _HOST_GAP_MIN:
+            self._host_ms_in_use = float(np.median(self._host_gaps))
+        self.auto = (AutoTargetTracker(AutoTarget(self.predictor, settings.pp_size,
+                                                  host_ms=self._host_ms_in_use))
+                     if settings.target_mode == "auto" and self.predictor.ready else None)
+
     @property
     def host_ms(self) -> float:
         """The host time per step the auto target currently adds to ``c``."""

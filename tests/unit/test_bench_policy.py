@@ -1,0 +1,65 @@
+"""CppRuntime.set_bench_policy (benchmark only): one engine planning as another would.
+
+The runtime under test is the plugin's own, built as the simulator builds it (from a real
+CppConfig through validate_for_engine); the reference is a second runtime configured the
+ordinary way with the smaller budget. The scheduling side (vLLM with a fixed budget of N) is
+checked on the real engine in tests/integration/test_bench_emulation.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_ascend_cpp.core import LatencyModel
+from vllm_ascend_cpp.sim import EngineSpec, Policy
+from vllm_ascend_cpp.sim.engine import SimRequest, SimScheduler, build_runtime
+
+MODEL = LatencyModel(a=2.6e-6, b=0.021, c=0.65, gamma=3.6e-4, d=2.5e-6)
+ENGINE = EngineSpec(stages=2, model=MODEL)
+
+
+def _plan_sizes(rt, prompt: int, budget: int) -> list[int]:
+    return [c.chunk for c in rt.manager.predictor.plan(prompt, budget=budget)]
+
+
+@pytest.mark.parametrize("kind,mode", [("cpp-base", "base"), ("cpp-auto", "auto")])
+def test_switched_runtime_plans_like_an_engine_with_that_budget(kind: str, mode: str) -> None:
+    big = build_runtime(ENGINE, Policy(kind, 8192))
+    ref = build_runtime(ENGINE, Policy(kind, 2048))
+    assert _plan_sizes(big, 16384, 8192) != _plan_sizes(ref, 16384, 2048)
+    big.set_bench_policy(mode, 2048)
+    assert big.max_budget == 2048
+    for field in ("base_chunk", "min_chunk", "target_mode"):
+        assert getattr(big.manager.settings, field) == getattr(ref.manager.settings, field)
+    assert big.manager.predictor.target_ms == pytest.approx(ref.manager.predictor.target_ms)
+    assert _plan_sizes(big, 16384, 2048) == _plan_sizes(ref, 16384, 2048)
+    assert (big.manager.auto is not None) == (mode == "auto")
+
+
+def test_fixed_sets_the_budget_on_every_step_and_none_restores() -> None:
+    rt = build_runtime(ENGINE, Policy("cpp-base", 8192))
+    sched = SimScheduler(8192, 16)
+    req = SimRequest("r0", 12000, 4, 0.0)
+    sched.waiting.append(req)
+    sched.requests[req.request_id] = req
+    assert rt.plan(sched).token_budget == 8192  # CPP base: the first chunk is the base chunk
+    rt.set_bench_policy("fixed", 512)
+    plan = rt.plan(sched)
+    assert plan.token_budget == 512 and plan.prefill_cap == 0
+    assert [i.tokens for i in plan.items] == [512]
+    req.num_computed_tokens = 12000  # decode only: still the fixed budget, as vLLM's own
+    assert rt.plan(sched).token_budget == 512
+    rt.set_bench_policy(None)
+    assert rt.bench_policy is None and rt.max_budget == 8192
+    assert rt.plan(sched) is None  # decode-only, operator's settings: vLLM's own budget
+
+
+def test_bad_bench_policies_are_refused() -> None:
+    rt = build_runtime(ENGINE, Policy("cpp-base", 4096))
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        rt.set_bench_policy("fixed", 8192)
+    with pytest.raises(ValueError, match="bench mode"):
+        rt.set_bench_policy("turbo", 1024)
+    with pytest.raises(ValueError):
+        rt.set_bench_policy("base", 0)
+    assert rt.bench_policy is None
