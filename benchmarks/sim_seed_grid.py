@@ -206,7 +206,8 @@ def derive_decode(model: LatencyModel) -> dict:
 
 # -- 2. the ideal bound -------------------------------------------------------------------------
 
-def ideal_bound(model: LatencyModel, prompt: int, budget: int, alignment: int = 64) -> dict:
+def ideal_bound(model: LatencyModel, prompt: int, budget: int, alignment: int = 64,
+                stages: int = STAGES) -> dict:
     """The best single-prompt plan with chunks <= budget: min over equal-cost plans (a dense
     grid of targets, no minimum chunk) and over every fixed chunk size (multiples of the
     alignment), of sum(t) + (S-1) * max(t)."""
@@ -216,12 +217,12 @@ def ideal_bound(model: LatencyModel, prompt: int, budget: int, alignment: int = 
     for t in np.geomspace(lo, hi * 1.001, 400):
         p = ChunkSizePredictor(model, base_chunk=budget, min_chunk=0, target_ms=float(t))
         ttft = pipeline_ttft_ms([c.predicted_ms for c in p.plan(prompt, budget=budget)],
-                                STAGES)
+                                stages)
         if ttft < best[0]:
             best = (ttft, f"equal-cost T={t:.1f} ms")
     for chunk in range(alignment, budget + 1, alignment * 4):
         ttft = pipeline_ttft_ms([c.predicted_ms for c in fixed_plan(model, prompt, chunk)],
-                                STAGES)
+                                stages)
         if ttft < best[0]:
             best = (ttft, f"fixed {chunk}")
     return {"ttft_ms": best[0], "plan": best[1]}
