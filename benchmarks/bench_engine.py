@@ -464,6 +464,8 @@ BAR_ROWS = (
 
 
 def bar_verdict(r: rs.Ratio, bar: float, how: str) -> str:
+    if len(r.values) < rs.MIN_ROUNDS:
+        return rs.TOO_FEW
     if how == "le":
         return "met" if r.hi <= bar else "missed" if r.lo > bar else "not resolvable at this spread"
     return "met" if r.lo >= bar else "missed" if r.hi < bar else "not resolvable at this spread"

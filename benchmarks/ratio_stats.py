@@ -9,10 +9,12 @@ of 0.5 and one of 2.0 average to 1.0). The interval is a percentile bootstrap of
 
 Reading it: with 3 rounds the bootstrap interval is exactly [min, max] of the rounds (a
 resample of all-minimum has probability 1/27 > 2.5%), so three rounds can only call a
-difference when every round agrees on its side of 1.0. A claim says "faster"/"slower" (or
-"higher"/"lower" throughput) only when the interval excludes 1.0; otherwise "no difference
-measured". The bootstrap is a little optimistic at small n (its coverage is below 95%); that
-is one more reason to read a 3-round interval as a minimum spread, not a guarantee.
+difference when every round agrees on its side of 1.0, which happens one time in four when
+there is no difference at all. A claim says "faster"/"slower" (or "higher"/"lower"
+throughput) only when the interval excludes 1.0, otherwise "no difference measured"; with
+fewer than 3 rounds, no verdict at all. The percentile bootstrap under-covers at small n
+(about 75%, 86%, 90% at 3, 5, 8 rounds in tests/unit/test_ratio_stats.py's simulations), so
+read an interval from few rounds as a minimum spread, not a guarantee.
 
 Quoted form (docs and results alike, so tests/unit/test_quoted_ratios.py can check them):
 `0.968x [0.905-1.070]`: three decimals, an `x`, the interval in brackets.
@@ -29,6 +31,9 @@ import numpy as np
 LEVEL = 0.95
 RESAMPLES = 10000
 NO_DIFFERENCE = "no difference measured"
+# Fewer rounds give an interval of one or two points: no verdict at all.
+MIN_ROUNDS = 3
+TOO_FEW = "too few rounds for a verdict"
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -70,6 +75,8 @@ class Ratio:
 
     def verdict(self, lower_is: str = "faster", higher_is: str = "slower") -> str:
         """``lower_is`` when the whole interval is below 1.0, ``higher_is`` when above."""
+        if len(self.values) < MIN_ROUNDS:
+            return TOO_FEW
         if self.hi < 1.0:
             return lower_is
         if self.lo > 1.0:

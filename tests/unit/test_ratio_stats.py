@@ -84,3 +84,8 @@ def test_three_rounds_cover_only_three_times_in_four() -> None:
         lo, hi = rs.bootstrap_interval(values, resamples=500, seed=k)
         hits += lo <= 1.0 <= hi
     assert 0.70 <= hits / 800 <= 0.80
+
+
+def test_fewer_than_three_rounds_give_no_verdict() -> None:
+    assert rs.ttft_verdict(rs.ratio([1.0003])) == rs.TOO_FEW
+    assert rs.throughput_verdict(rs.ratio([0.5, 0.6])) == rs.TOO_FEW
