@@ -13,7 +13,7 @@ difference when every round agrees on its side of 1.0, which happens one time in
 there is no difference at all. A claim says "faster"/"slower" (or "higher"/"lower"
 throughput) only when the interval excludes 1.0, otherwise "no difference measured"; with
 fewer than 3 rounds, no verdict at all. The percentile bootstrap under-covers at small n
-(about 75%, 86%, 90% at 3, 5, 8 rounds in tests/unit/test_ratio_stats.py's simulations), so
+(about 75%, 85%, 88% at 3, 5, 8 rounds in tests/unit/test_ratio_stats.py's simulations), so
 read an interval from few rounds as a minimum spread, not a guarantee.
 
 Quoted form (docs and results alike, so tests/unit/test_quoted_ratios.py can check them):
