@@ -17,10 +17,12 @@ order rotating every round. A fixed chunk of N tokens is the per-step budget N
 (`CppRuntime.set_bench_policy("fixed", N)`, a benchmark-only switch never read from
 cpp_config); CPP base/auto plan as an engine with that budget would.
 tests/integration/test_bench_emulation.py checks that the emulated fixed budget schedules
-exactly the steps of vLLM's own budget. The per-engine mode (the default) stays as the
-cross-check. Clients are closed-loop in both modes; in one-engine mode the engine is driven
-step by step (`LLMEngine.step()`), TTFT is the time from adding the request to the step that
-returns its first token.
+exactly the steps of vLLM's own budget. One difference from separate engines remains by
+design: the engine's latency model and host-time history learn from every policy's steps, not
+from one policy's. The per-engine mode (the default) stays as the cross-check. Clients are
+closed-loop in both modes; in one-engine mode the engine is driven step by step
+(`LLMEngine.step()`), TTFT is the time from adding the request to the step that returns its
+first token.
 
 Every ratio is paired by round (CPP and fixed ran in the same round) and reported with its
 per-round values and a bootstrap 95% interval (benchmarks/ratio_stats.py); the "bubbles"
