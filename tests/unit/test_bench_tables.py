@@ -87,3 +87,14 @@ def test_serving_benchmark_pairs_rounds_and_picks_the_best_fixed_budget() -> Non
     assert sb.aggregate(results[:2], [1])[0]["ratios"]["mean_ttft_ms"]["verdict"] == \
         "too few rounds for a verdict"
     assert "mean_tpot_ms" not in row["ratios"]  # not reported: no ratio invented
+
+
+def test_trace_log_parses_only_whole_new_lines(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    log = be.TraceLog(path)
+    assert log.read() == []
+    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')  # the writer is mid-line
+    assert [x["step"] for x in log.read()] == [1, 2]
+    with open(path, "a") as fh:
+        fh.write('p": 3}\n')
+    assert [x["step"] for x in log.read()] == [1, 2, 3]
