@@ -51,6 +51,7 @@ server does not crash). Two honest ways around it, chosen with --mode:
         --engine-bench benchmarks/results/engine_bench_one_engine.json
     python benchmarks/serve_bench.py --fixed-budget 512 --rounds 1 --num-prompts 4 \\
         --input-len 4096 --concurrency 1 2            # smoke test, not a measurement
+    python benchmarks/serve_bench.py --render benchmarks/results/serve_bench.json
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if any(c < 1 for c in args.concurrency):
         p.error("--concurrency values must be >= 1")
+    args.fixed_budget_source = "given with --fixed-budget"
     if args.fixed_budget is None:
+        args.fixed_budget_source = f"the best fixed budget of {Path(args.engine_bench).name}"
         try:
             args.fixed_budget = best_fixed_budget(json.loads(Path(args.engine_bench).read_text()))
         except (OSError, ValueError, KeyError) as e:
@@ -332,8 +335,8 @@ def markdown(meta: dict, rows: list[dict], results: list[dict]) -> str:
         f"vLLM OpenAI server on {meta['machine']}, vllm {meta['vllm']}, pipeline parallel 2, "
         f"dummy-weight Llama ({a['model_overrides']}), mode `{a['mode']}` (see the script's "
         f"docstring), prefix caching {'off' if a['no_prefix_caching'] else 'on'}. Fixed "
-        f"server: --max-num-batched-tokens {a['fixed_budget']} (the best fixed budget of "
-        f"`{Path(a['engine_bench']).name}` unless given). CPP server: "
+        f"server: --max-num-batched-tokens {a['fixed_budget']} ({a['fixed_budget_source']}). "
+        "CPP server: "
         f"--max-num-batched-tokens {a['cpp_budget']}, cpp_config {a['cpp_config']}.",
         f"Client: `vllm bench serve --dataset-name random --random-input-len {a['input_len']} "
         f"--random-output-len {a['output_len']} --ignore-eos --num-prompts {a['num_prompts']} "
@@ -400,7 +403,28 @@ def markdown(meta: dict, rows: list[dict], results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render(path: Path) -> int:
+    """Re-render a results JSON, also one written before the ratios carried intervals."""
+    data = json.loads(path.read_text())
+    a = data["meta"]["args"]
+    if "budget" in a:  # before: one budget for both servers, prefix caching off by default
+        a.setdefault("fixed_budget", a["budget"])
+        a.setdefault("cpp_budget", a["budget"])
+        a.setdefault("fixed_budget_source", "one --budget for both servers, not the best "
+                                            "fixed budget")
+        a.setdefault("no_prefix_caching", not a.get("prefix_caching", False))
+    rows = aggregate(data["servers"], a["concurrency"])
+    data["table"] = rows
+    path.write_text(json.dumps(data, indent=2))
+    text = markdown(data["meta"], rows, data["servers"])
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--render"]:
+        return render(Path(sys.argv[2]))
     args = parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="cpp-serve-bench-"))
     work.mkdir(parents=True, exist_ok=True)
