@@ -202,7 +202,7 @@ def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
 
 def step_errors(lines: list[dict]) -> list[float]:
     """Per timed prefill step: the model's forecast of its time over the measured time, - 1."""
-    return [t["predicted_ms"] / t["measured_ms"] - 1 for t in lines
+    return [round(t["predicted_ms"] / t["measured_ms"] - 1, 4) for t in lines
             if t["requests"] and t.get("measured_ms") and t.get("predicted_ms")]
 
 
