@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,8 @@ def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
     lines = trace.read()[ctx["mark"]:]
     r.update(prefill_cv_and_bubbles(lines, 2))
     r["step_errors"] = step_errors(lines)
+    # A CPP run in fixed fallback (calibration gave up) measures fixed chunks, not CPP.
+    r["steps_by_state"] = dict(Counter(t["state"] for t in lines))
     print(f"  {pol['name']:>16} {key:>8} TTFT {r['mean_ttft_s']*1000:8.0f} ms  "
           f"thr {r['throughput_tok_s']:6.1f} tok/s  "
           f"CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}", flush=True)
@@ -409,6 +412,9 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
                 "sim_error_median": statistics.median(errs) if errs else None,
                 "sim_error_max_abs": max(abs(e) for e in errs) if errs else None,
                 "step_errors": steps,
+                "steps": sum(sum(r.get("steps_by_state", {}).values()) for r in res),
+                "fallback_steps": sum(r.get("steps_by_state", {}).get("fixed-fallback", 0)
+                                      for r in res),
             }
     return table
 
@@ -590,6 +596,13 @@ def markdown(table: dict, meta: dict) -> str:
                 for name in others:
                     lines.append(f"| {name} | " + " | ".join(
                         _q(pair(pols, name, f, "throughput")) for f in names) + " |")
+        fell = {n: v for n, v in pols.items()
+                if not n.startswith("fixed-") and v.get("fallback_steps")}
+        if fell:
+            lines += ["", "**CPP fell back to fixed chunks** (online calibration gave up; see "
+                      "the log) in " + ", ".join(f"{n}: {v['fallback_steps']} of {v['steps']} "
+                                                 "steps" for n, v in fell.items())
+                      + ". Those steps measure fixed chunks, not CPP."]
         worst_load = max(v.get("load_avg_max", 0.0) for v in pols.values())
         # The run itself keeps about four processes busy (engine core, two workers, client).
         lines += ["", f"Tuned fixed: {tuned}. Highest 1-minute load average during these runs: "

@@ -98,3 +98,19 @@ def test_trace_log_parses_only_whole_new_lines(tmp_path: Path) -> None:
     with open(path, "a") as fh:
         fh.write('p": 3}\n')
     assert [x["step"] for x in log.read()] == [1, 2, 3]
+
+
+def test_markdown_flags_cpp_runs_that_fell_back_to_fixed_chunks() -> None:
+    cpp = {**_cell([90.0, 95.0, 99.0]), "steps": 300, "fallback_steps": 120,
+           "ttft_ms": {"median": 95.0, "min": 90.0, "max": 99.0}, "throughput": {"median": 1.0},
+           "cv": None, "bubble_fraction": None}
+    fixed = {**_cell([100.0, 100.0, 100.0]), "ttft_ms": {"median": 100.0, "min": 100.0,
+                                                        "max": 100.0},
+             "throughput": {"median": 1.0}, "cv": None, "bubble_fraction": None}
+    meta = {"command": "x", "prompt_len": 16384, "output_len": 128, "reps": 3,
+            "attention_share": 0.5}
+    text = be.markdown({"c1-fixed": {"fixed-512": fixed, "cpp-base-2048": cpp}}, meta)
+    assert "CPP fell back to fixed chunks" in text and "cpp-base-2048: 120 of 300" in text
+    cpp["fallback_steps"] = 0
+    text = be.markdown({"c1-fixed": {"fixed-512": fixed, "cpp-base-2048": cpp}}, meta)
+    assert "fell back" not in text
