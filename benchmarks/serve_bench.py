@@ -240,6 +240,8 @@ def trace_summary(path: str | None) -> dict:
         "prefill_chunks": len(chunks),
         "mean_prefill_chunk": round(statistics.fmean(chunks), 1) if chunks else None,
         "planned_steps": sum(1 for ln in lines if ln.get("planned_budget") is not None),
+        # Steps in fixed fallback (calibration gave up) ran fixed chunks, not CPP.
+        "fallback_steps": sum(1 for ln in lines if ln.get("state") == "fixed-fallback"),
     }
 
 
