@@ -138,51 +138,178 @@ def _env_flag(value: str | None) -> bool:
         return _truthy(value)
 
 
+# ----- vllm-ascend's own switches -------------------------------------------------------------
+#
+# How each vllm-ascend release reads the switches that must not be on beside CPP
+# (tools/ascend_surfaces.py reads these facts from every release's sources):
+# - 0.23-0.26: plain Python. `_get_config_value` returns the raw value and sub-configs call
+#   bool(...) on `enabled`, so any non-empty string, "false" included, is on.
+# - 0.27 and later: pydantic fields with lax bool parsing ("false", "0", "off", "no" are off)
+#   and `extra="forbid"` (see patch/engine_args.py for why cpp_config never reaches it).
+# - Where: 0.23/0.24 read top-level keys only; from 0.25 `scheduler_config.<key>` wins when
+#   present, else the deprecated top-level key. DyntraLB is read from scheduler_config only.
+# - The balance env var VLLM_ASCEND_BALANCE_SCHEDULING is the fallback up to 0.26, removed in 0.27.
+# When the installed release is unknown (vllm-ascend absent, as on the test bed), a switch
+# counts as on if ANY release would read it as on.
+
+ASCEND_PYDANTIC_FROM = (0, 27)
+ASCEND_NESTED_FROM = (0, 25)
+_LAX_TRUE = ("1", "on", "t", "true", "y", "yes")
+
+
+def ascend_version() -> tuple[int, ...] | None:
+    """The installed vllm-ascend release, from its distribution metadata (never imported)."""
+    from importlib import metadata
+
+    for name in ("vllm-ascend", "vllm_ascend"):
+        try:
+            return parse_version(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            continue
+        except Exception:
+            return None
+    return None
+
+
+def ascend_switch_on(value: Any, version: tuple[int, ...] | None) -> bool:
+    """Whether `value` turns a vllm-ascend switch on, read as `version` reads it."""
+    plain = bool(value)
+    if isinstance(value, str):
+        lax = value.strip().lower() in _LAX_TRUE
+    elif isinstance(value, (bool, int, float)):
+        lax = value == 1
+    else:
+        lax = False
+    if version is None:
+        return plain or lax
+    return lax if version[:2] >= ASCEND_PYDANTIC_FROM else plain
+
+
 def _ascend_scheduler_section(additional: Any) -> Mapping[str, Any]:
     sched = additional.get("scheduler_config") if isinstance(additional, Mapping) else None
     return sched if isinstance(sched, Mapping) else {}
 
 
-def ascend_balance_scheduling(
-    additional: Mapping[str, Any], environ: Mapping[str, str]
-) -> str | None:
-    """Describe vllm-ascend's balance scheduling switch when it is on, else None.
-
-    Where it is read differs by release, and we refuse it if ANY release would turn it on:
-    - 0.23.0 (ascend_config.py, `_get_config_value`): the top-level key
-      `enable_balance_scheduling` if present, else the env var VLLM_ASCEND_BALANCE_SCHEDULING
-      (`bool(int(...))`); an explicit `false` key overrides the env var.
-    - vllm-ascend's main branch after 0.23.0 (ascend_config.py,
-      `SchedulerConfig.from_additional_config`): `scheduler_config.enable_balance_scheduling`,
-      else the deprecated top-level key; the env-var fallback is gone.
-    """
-    nested = _ascend_scheduler_section(additional)
-    if _truthy(nested.get("enable_balance_scheduling", False)):
-        return "additional_config.scheduler_config.enable_balance_scheduling = true"
+def _ascend_places(additional: Any, key: str, version: tuple[int, ...] | None,
+                   nested_only: bool = False) -> list[tuple[str, Any]]:
+    """(where, value) of `key` in the places `version` reads it, the one that wins first."""
     top = additional if isinstance(additional, Mapping) else {}
-    if _truthy(top.get("enable_balance_scheduling", False)):
-        return "additional_config.enable_balance_scheduling = true"
-    if "enable_balance_scheduling" not in top and _env_flag(environ.get(ASCEND_BALANCE_ENV)):
+    nested = _ascend_scheduler_section(additional)
+    places: list[tuple[str, Any]] = []
+    if (version is None or version[:2] >= ASCEND_NESTED_FROM) and key in nested:
+        places.append((f"additional_config.scheduler_config.{key}", nested[key]))
+        if version is not None:
+            return places  # a nested key hides the deprecated top-level one
+    if not nested_only and key in top:
+        places.append((f"additional_config.{key}", top[key]))
+    return places
+
+
+def _ascend_flag(additional: Any, key: str, version: tuple[int, ...] | None) -> str | None:
+    for where, value in _ascend_places(additional, key, version):
+        if ascend_switch_on(value, version):
+            return f"{where} = {_shown(value, version)}"
+    return None
+
+
+def _shown(value: Any, version: tuple[int, ...] | None) -> str:
+    if not isinstance(value, str):
+        return "true"
+    if value.strip().lower() in _LAX_TRUE:
+        return repr(value)
+    return (f"{value!r} (a string: vllm-ascend 0.23-0.26 read any non-empty string as on; "
+            "write JSON false to turn it off)")
+
+
+def _ascend_section_enabled(additional: Any, key: str, version: tuple[int, ...] | None,
+                            nested_only: bool = False) -> str | None:
+    for where, value in _ascend_places(additional, key, version, nested_only):
+        if isinstance(value, Mapping) and ascend_switch_on(value.get("enabled", False), version):
+            return f"{where}.enabled = {_shown(value.get('enabled'), version)}"
+    return None
+
+
+def ascend_balance_scheduling(
+    additional: Mapping[str, Any], environ: Mapping[str, str],
+    version: tuple[int, ...] | None = None,
+) -> str | None:
+    """Describe vllm-ascend's balance scheduling switch when it is on, else None: the key
+    (see the release rules above) or, up to 0.26 and only where no key is given, the env var."""
+    found = _ascend_flag(additional, "enable_balance_scheduling", version)
+    if found is not None:
+        return found
+    env_read = version is None or version[:2] < ASCEND_PYDANTIC_FROM
+    if env_read and not _ascend_places(additional, "enable_balance_scheduling", version) \
+            and _env_flag(environ.get(ASCEND_BALANCE_ENV)):
         return f"{ASCEND_BALANCE_ENV}={environ.get(ASCEND_BALANCE_ENV)}"
     return None
 
 
-def ascend_profiling_chunk_enabled(additional: Mapping[str, Any]) -> str | None:
-    """Where vllm-ascend's own profiling chunk (its CPP) is enabled, else None.
+def ascend_profiling_chunk_enabled(
+    additional: Mapping[str, Any], version: tuple[int, ...] | None = None,
+) -> str | None:
+    """Where vllm-ascend's own profiling chunk (its CPP) is enabled, else None."""
+    found = _ascend_section_enabled(additional, ASCEND_PROFILING_KEY, version)
+    return found.removeprefix("additional_config.") if found else None
 
-    0.23.0 reads only the top-level `profiling_chunk_config`; vllm-ascend's main branch reads
-    `scheduler_config.profiling_chunk_config` first and falls back to the top-level key with a
-    deprecation warning. Either location enabled is refused, whatever the release.
-    """
-    if not isinstance(additional, Mapping):
-        return None
-    nested = _ascend_scheduler_section(additional).get(ASCEND_PROFILING_KEY)
-    if isinstance(nested, Mapping) and _truthy(nested.get("enabled", False)):
-        return f"scheduler_config.{ASCEND_PROFILING_KEY}"
-    top = additional.get(ASCEND_PROFILING_KEY)
-    if isinstance(top, Mapping) and _truthy(top.get("enabled", False)):
-        return ASCEND_PROFILING_KEY
+
+# vllm-ascend scheduler features that replace or reorder the scheduler CPP steers:
+# (key, how it is read, what it is, why CPP cannot run beside it).
+_REORDERS_QUEUE = ("reorders the waiting queue (short prompts first, aged long ones promoted, "
+                   "queues pinned), so CPP's plan of each step would walk a different order "
+                   "than the scheduler admits")
+_OWN_SCHEDULER = "installs its own scheduler class (scheduler_cls), which CPP would replace"
+ASCEND_SCHEDULER_FEATURES: tuple[tuple[str, str, str, str], ...] = (
+    ("short_request_first_config", "section", "short-request-first scheduling", _REORDERS_QUEUE),
+    ("batch_job_sched_config", "section", "batch-job-aware scheduling", _OWN_SCHEDULER),
+    ("dyntra_lb_config", "nested section", "DyntraLB load balancing", _OWN_SCHEDULER),
+    ("recompute_scheduler_enable", "flag", "the recompute scheduler (PD decode nodes)",
+     _OWN_SCHEDULER),
+    ("SLO_limits_for_dynamic_batch", "number", "dynamic batch (0.23)", _OWN_SCHEDULER),
+)
+
+# scheduler_cls values vllm-ascend's platform sets, by module, and the key that made it.
+ASCEND_SCHEDULER_MODULES: dict[str, str] = {
+    "vllm_ascend.core.scheduler_dynamic_batch": "additional_config.SLO_limits_for_dynamic_batch",
+    "vllm_ascend.core.scheduler_profiling_chunk":
+        "additional_config.scheduler_config.profiling_chunk_config.enabled",
+    "vllm_ascend.core.recompute_scheduler":
+        "additional_config.scheduler_config.recompute_scheduler_enable",
+    "vllm_ascend.core.batch_job_aware_scheduler":
+        "additional_config.scheduler_config.batch_job_sched_config.enabled",
+    "vllm_ascend.core.dyntra_lb_scheduler":
+        "additional_config.scheduler_config.dyntra_lb_config.enabled",
+    "vllm_ascend.core.short_request_first_scheduler":
+        "additional_config.scheduler_config.short_request_first_config.enabled",
+}
+
+
+def ascend_scheduler_feature(
+    additional: Mapping[str, Any], version: tuple[int, ...] | None = None,
+) -> tuple[str, str, str] | None:
+    """(where it is switched on, what it is, why it conflicts) for the first vllm-ascend
+    scheduler feature that is on, else None."""
+    for key, kind, what, why in ASCEND_SCHEDULER_FEATURES:
+        if kind == "section":
+            where = _ascend_section_enabled(additional, key, version)
+        elif kind == "nested section":
+            where = _ascend_section_enabled(additional, key, version, nested_only=True)
+        elif kind == "flag":
+            where = _ascend_flag(additional, key, version)
+        else:
+            top = additional if isinstance(additional, Mapping) else {}
+            value = top.get(key, -1)
+            bad = (version is None or version[:2] < (0, 24)) and value not in (-1, None)
+            where = f"additional_config.{key} = {value!r}" if bad else None
+        if where is not None:
+            return where, what, why
     return None
+
+
+def ascend_scheduler_cls_origin(name: str) -> str | None:
+    """The vllm-ascend key that makes its platform set scheduler_cls = name, or None."""
+    module = name.rsplit(".", 1)[0]
+    return ASCEND_SCHEDULER_MODULES.get(module)
 
 
 # ----- scheduler surfaces -------------------------------------------------------------------
@@ -539,6 +666,19 @@ def _no_sync() -> None:
     return None
 
 
+def _on_npu() -> bool:
+    return str(getattr(current_platform(), "device_type", "") or "") == "npu"
+
+
+def cudagraph_mode_none() -> Any:
+    """vLLM's CUDAGraphMode.NONE (eager), or None where vLLM's config module is not there."""
+    try:
+        from vllm.config import CUDAGraphMode
+    except Exception:
+        return None
+    return CUDAGraphMode.NONE
+
+
 def dummy_run_params(runner: Any) -> set[str]:
     try:
         return set(inspect.signature(runner._dummy_run).parameters)
@@ -577,7 +717,20 @@ def one_request_dummy_run(runner: Any) -> tuple[str, Callable[[int], Any]]:
         kwargs = _only_known(params, {"force_attention": True, "profile_cpp": True})
         return "profile_cpp", lambda n: runner._dummy_run(n, **kwargs)
     wanted = {"is_profile": True, "randomize_inputs": True}
-    if "force_attention" in params:
+    if "force_attention" in params and _on_npu():
+        # vllm-ascend's 310P runner (NPUModelRunner310) has no profile_cpp. Its is_profile sets
+        # `in_profile_run` (forced MoE load balancing), so it is not passed; what profile_cpp
+        # would do is rebuilt from parameters it has: one request (max_num_seqs=1), attention
+        # metadata (force_attention) and eager execution (cudagraph_runtime_mode NONE, which
+        # its force_eager test reads exactly as it reads profile_cpp).
+        eager = cudagraph_mode_none()
+        kwargs = _only_known(params, {"force_attention": True})
+        how = "NPU runner without profile_cpp: max_num_seqs=1, force_attention"
+        if eager is not None and "cudagraph_runtime_mode" in params:
+            kwargs["cudagraph_runtime_mode"] = eager
+            how += ", eager"
+        limit = _one_seq
+    elif "force_attention" in params:
         kwargs = _only_known(params, {"force_attention": True, **wanted})
         how = "max_num_seqs=1, force_attention"
         limit = _one_seq

@@ -121,15 +121,18 @@ def parse_cpp_config(raw: Any) -> CppConfig:
     return CppConfig(**values, given=frozenset(raw))
 
 
-# The same JSON object as `cpp_config`, for platforms whose own config refuses unknown
-# `additional_config` keys (vllm-ascend after 0.23 does, unless vLLM-Omni is installed).
-# vLLM passes the environment to the engine and every worker, so all processes see it.
+# The same JSON object as `cpp_config`. The front-end hook (patch/engine_args.py) moves
+# `--additional-config '{"cpp_config": ...}'` here before vLLM builds its config, because
+# vllm-ascend 0.27 and later refuse unknown `additional_config` keys (unless vLLM-Omni is
+# installed); operators may also set it themselves. Spawned engine and worker processes
+# inherit it, and vLLM copies `VLLM_*` variables to Ray actors.
 ENV_KEY = "VLLM_CPP_CONFIG"
 
 
 def cpp_config_from_additional(additional_config: Any) -> CppConfig | None:
     """The CppConfig in vLLM's `additional_config` (or, when absent there, in the env var
-    VLLM_CPP_CONFIG), or None when neither has it."""
+    VLLM_CPP_CONFIG), or None when neither has it. Behind the front-end hook the key is
+    never in `additional_config`: engine-core code finds it in the environment."""
     if isinstance(additional_config, str):
         try:
             additional_config = json.loads(additional_config)
@@ -181,24 +184,39 @@ def validate_for_engine(cfg: CppConfig, vllm_config: Any) -> tuple[CppConfig, En
             f"[CPP] {CONFIG_KEY} requires chunked prefill: enable_chunked_prefill = False, "
             "expected True (--enable-chunked-prefill)"
         )
-    # Before the scheduler_cls check: vllm-ascend's platform sets scheduler_cls itself when
-    # its profiling_chunk_config is on, and the operator should read about that key.
+    # Before the scheduler_cls check: vllm-ascend's platform sets scheduler_cls itself for
+    # several of its features, and the operator should read about the key they set.
     additional = getattr(vllm_config, "additional_config", None) or {}
-    balance = compat.ascend_balance_scheduling(additional, os.environ)
+    version = compat.ascend_version()
+    balance = compat.ascend_balance_scheduling(additional, os.environ, version)
     if balance is not None:
         raise ValueError(
             f"[CPP] {CONFIG_KEY} cannot run with vllm-ascend balance scheduling ({balance}); "
             "disable one of them"
         )
-    upstream = compat.ascend_profiling_chunk_enabled(additional)
+    upstream = compat.ascend_profiling_chunk_enabled(additional, version)
     if upstream is not None:
         raise ValueError(
-            f"[CPP] {CONFIG_KEY} and vllm-ascend's {upstream} are both enabled; they would "
-            f"both size prefill chunks. Keep only {CONFIG_KEY} (see the key mapping in "
-            "docs/configuration.md)"
+            f"[CPP] {CONFIG_KEY} and vllm-ascend's profiling chunk ({upstream}) are both "
+            f"enabled; they would both size prefill chunks. Keep only {CONFIG_KEY} (see the "
+            "key mapping in docs/configuration.md)"
+        )
+    feature = compat.ascend_scheduler_feature(additional, version)
+    if feature is not None:
+        where, what, why = feature
+        raise ValueError(
+            f"[CPP] {CONFIG_KEY} cannot run with vllm-ascend's {what} ({where}): it {why}. "
+            "Disable one of them"
         )
     user_cls = compat.user_scheduler_cls(sched)
     if user_cls is not None:
+        origin = compat.ascend_scheduler_cls_origin(user_cls)
+        if origin is not None:
+            raise ValueError(
+                f"[CPP] {CONFIG_KEY} installs its own scheduler, but vllm-ascend set "
+                f"scheduler_cls = {user_cls!r} for its own feature ({origin}); turn that "
+                f"feature off (or the {CONFIG_KEY} block)"
+            )
         raise ValueError(
             f"[CPP] {CONFIG_KEY} installs its own scheduler, but scheduler_cls = {user_cls!r} "
             "is set; remove --scheduler-cls (or the cpp_config block)"

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 CUDAGRAPH_FULL = "FULL"  # stands in for vllm.config.CUDAGraphMode.FULL
+CUDAGRAPH_NONE = "NONE"  # stands in for vllm.config.CUDAGraphMode.NONE
 
 
 @dataclass
@@ -118,7 +119,9 @@ class FakeNPUModelRunner:
 
     `_dummy_run` body rule mirrored: profile_cpp -> one request of num_tokens; otherwise
     min(num_tokens, scheduler_config.max_num_seqs) requests; attention metadata is built when
-    force_attention or the graph mode is FULL (`_should_build_dummy_attn_metadata`).
+    force_attention or the graph mode is FULL (`_should_build_dummy_attn_metadata`); eager
+    when `is_profile or cudagraph_runtime_mode == NONE or profile_cpp` (its force_eager);
+    `in_profile_run=is_profile` is what it passes to the forward context.
     """
 
     def __init__(self, vllm_config: FakeVllmConfig, device: Any):
@@ -155,6 +158,8 @@ class FakeNPUModelRunner:
             "attention": bool(force_attention or cudagraph_runtime_mode == CUDAGRAPH_FULL),
             "profile_cpp": profile_cpp,
             "is_profile": is_profile,
+            "eager": bool(is_profile or cudagraph_runtime_mode == CUDAGRAPH_NONE or profile_cpp),
+            "in_profile_run": is_profile,
         }
         self.dummy_runs.append(record)
         self.log.add("dummy_run", record)
@@ -300,3 +305,140 @@ def make_worker(extension_cls: type, runner_cls: type = FakeNPUModelRunner,
     cls = with_extension(FakeNPUWorker, extension_cls)
     cfg = FakeVllmConfig(FakeSchedulerConfig(max_num_seqs=max_num_seqs))
     return cls(cfg, 0, 0, "tcp://127.0.0.1:0", True, runner_cls=runner_cls, log=log)
+
+
+# ----- vllm-ascend 0.27 and later: the strict AscendConfig ------------------------------------
+#
+# Mirrored from vllm_ascend/ascend_config.py of the 0.27.1rc1-0.30.0rc2 sdists (PR #13838):
+# `AscendConfig` is a pydantic dataclass with `ConfigDict(extra="forbid")`; `init_ascend_config`
+# strips the keys it resolves itself (`_NON_USER_INPUT_KEYS`, scheduler keys among them),
+# drops unknown keys only when `importlib.util.find_spec("vllm_omni")` finds vLLM-Omni, and
+# caches the result per VllmConfig object (a pickled copy in another process builds it again).
+# Its callers, each mirrored below with the real signature: NPUPlatform.check_and_update_config
+# (inside VllmConfig.__post_init__), NPUWorker.__init__, BalanceScheduler.__init__. Only a few
+# AscendConfig fields are modelled; the rules for unknown keys are the real ones.
+
+import importlib.util  # noqa: E402
+
+from pydantic import ConfigDict  # noqa: E402
+from pydantic.dataclasses import dataclass as pydantic_dataclass  # noqa: E402
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+@pydantic_dataclass(config=_STRICT)
+class StrictShortRequestFirstConfig:
+    enabled: bool = False
+    threshold: int = 256
+    long_max_wait_ms: float = 0.0
+
+
+@pydantic_dataclass(config=_STRICT)
+class StrictProfilingChunkConfig:
+    enabled: bool = False
+    smooth_factor: float = 1.0
+    min_chunk: int = 4096
+
+
+@pydantic_dataclass(config=_STRICT)
+class StrictSchedulerConfig:
+    enable_balance_scheduling: bool = False
+    recompute_scheduler_enable: bool = False
+    short_request_first_config: StrictShortRequestFirstConfig = field(
+        default_factory=StrictShortRequestFirstConfig)
+    profiling_chunk_config: StrictProfilingChunkConfig = field(
+        default_factory=StrictProfilingChunkConfig)
+
+    @classmethod
+    def from_additional_config(cls, additional_config: dict[str, Any]) -> StrictSchedulerConfig:
+        nested = additional_config.get("scheduler_config") or {}
+
+        def resolve(key: str, default: Any) -> Any:
+            if key in nested:
+                return nested[key]
+            return additional_config.get(key, default)
+
+        resolved = {k: resolve(k, d) for k, d in (
+            ("enable_balance_scheduling", False), ("recompute_scheduler_enable", False),
+            ("short_request_first_config", {}), ("profiling_chunk_config", {}))}
+        resolved.update({k: v for k, v in nested.items() if k not in resolved})
+        return cls(**resolved)
+
+
+@pydantic_dataclass(config=_STRICT)
+class StrictAscendConfig:
+    scheduler_config: StrictSchedulerConfig = field(default_factory=StrictSchedulerConfig)
+    enable_cpu_binding: bool = True
+    enable_kv_nz: bool = False
+
+
+_NON_USER_INPUT_KEYS = {
+    "refresh", "gdn_prefill_backend", "kda_prefill_backend", "scheduler_config",
+    "enable_balance_scheduling", "recompute_scheduler_enable", "short_request_first_config",
+    "profiling_chunk_config", "batch_job_sched_config",
+}
+
+
+@dataclass
+class StrictAscendState:
+    """The module globals `_ASCEND_CONFIG` / `_INIT_VLLM_CONFIG`, plus who called."""
+
+    config: Any = None
+    vllm_config: Any = None
+    callers: list[str] = field(default_factory=list)
+
+
+STRICT_STATE = StrictAscendState()
+
+
+def init_ascend_config(vllm_config: Any, caller: str = "") -> StrictAscendConfig:
+    """vllm_ascend.ascend_config.init_ascend_config(vllm_config), 0.27.1rc1 and later
+    (`caller` is the fake's own record, not a real parameter)."""
+    STRICT_STATE.callers.append(caller)
+    additional = vllm_config.additional_config if vllm_config.additional_config is not None \
+        else {}
+    if STRICT_STATE.config is not None and STRICT_STATE.vllm_config is vllm_config \
+            and not additional.get("refresh", False):
+        return STRICT_STATE.config
+    sched = StrictSchedulerConfig.from_additional_config(additional)
+    kwargs = {k: v for k, v in additional.items() if k not in _NON_USER_INPUT_KEYS}
+    unknown = sorted(set(kwargs) - StrictAscendConfig.__dataclass_fields__.keys())
+    if unknown and importlib.util.find_spec("vllm_omni") is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k not in unknown}
+    config = StrictAscendConfig(scheduler_config=sched, **kwargs)
+    STRICT_STATE.config, STRICT_STATE.vllm_config = config, vllm_config
+    return config
+
+
+class StrictNPUPlatform(FakeNPUPlatform):
+    """NPUPlatform.check_and_update_config(cls, vllm_config) -> None (classmethod): its first
+    act on the configuration is `ascend_config = init_ascend_config(vllm_config)`."""
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: Any) -> None:
+        init_ascend_config(vllm_config, "platform")
+
+
+class StrictNPUWorker(FakeNPUWorker):
+    """NPUWorker.__init__ of 0.27+: calls init_ascend_config(vllm_config) before anything
+    else of its own (worker.py)."""
+
+    def __init__(self, vllm_config: Any, local_rank: int, rank: int,
+                 distributed_init_method: str, is_driver_worker: bool = False,
+                 **kwargs: Any) -> None:
+        init_ascend_config(vllm_config, "worker")
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method,
+                         is_driver_worker, **kwargs)
+
+
+class StrictBalanceScheduler:
+    """vllm_ascend/patch/platform/patch_balance_schedule.py `BalanceScheduler.__init__` of
+    0.25+ (the vLLM Scheduler base is left out): after super().__init__ it reads
+    `init_ascend_config(vllm_config).scheduler_config.short_request_first_config`."""
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, structured_output_manager: Any,
+                 block_size: int, hash_block_size: int | None = None, mm_registry: Any = None,
+                 include_finished_set: bool = False, log_stats: bool = False) -> None:
+        self.vllm_config = vllm_config
+        srf = init_ascend_config(vllm_config, "scheduler").scheduler_config
+        self.short_request_first = srf.short_request_first_config.enabled

@@ -9,6 +9,7 @@ must raise ValueError with a message that names the offending key.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,20 @@ ENGINE_RULES: list[tuple[str, dict, dict, dict, str]] = [
      "profiling_chunk_config"),
     ("ascend profiling chunk (old place)", {}, {"profiling_chunk_config": {"enabled": True}},
      {}, "profiling_chunk_config"),
+    ("ascend short-request-first", {},
+     {"scheduler_config": {"short_request_first_config": {"enabled": True}}}, {},
+     "scheduler_config.short_request_first_config.enabled"),
+    ("ascend short-request-first (old place)", {},
+     {"short_request_first_config": {"enabled": True}}, {},
+     "additional_config.short_request_first_config.enabled"),
+    ("ascend batch-job", {}, {"scheduler_config": {"batch_job_sched_config": {"enabled": True}}},
+     {}, "batch_job_sched_config.enabled"),
+    ("ascend dyntra_lb", {}, {"scheduler_config": {"dyntra_lb_config": {"enabled": True}}}, {},
+     "dyntra_lb_config.enabled"),
+    ("ascend recompute scheduler", {}, {"scheduler_config": {"recompute_scheduler_enable": True}},
+     {}, "recompute_scheduler_enable"),
+    ("ascend dynamic batch", {}, {"SLO_limits_for_dynamic_batch": 50}, {},
+     "SLO_limits_for_dynamic_batch"),
 ]
 
 
@@ -141,7 +156,10 @@ def test_engine_rules_are_enforced_naming_the_setting(
 def test_valid_configs_pass_and_rules_apply_only_when_enabled(model_dir: str) -> None:
     # Positive controls: without them every case above could pass for the wrong reason.
     cfg = engine_config(model_dir, on(smooth_factor=0.8, min_chunk=512, target="auto"))
-    assert cfg.additional_config["cpp_config"]["enabled"] is True
+    # The front-end hook carries cpp_config in the environment, never in VllmConfig (strict
+    # platform configs refuse unknown keys: tests/integration/test_ascend_strict.py).
+    assert "cpp_config" not in cfg.additional_config
+    assert json.loads(os.environ["VLLM_CPP_CONFIG"])["smooth_factor"] == 0.8
     engine_config(model_dir, {"cpp_config": {"enabled": False}}, pipeline_parallel_size=1)
     engine_config(model_dir, {"cpp_config": '{"enabled": true}'})
     engine_config(model_dir, {}, pipeline_parallel_size=1)

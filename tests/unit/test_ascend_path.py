@@ -167,7 +167,7 @@ def test_prepare_on_npu_worker_installs_a_timer_that_syncs_only_timed_steps(npu:
 
 @pytest.mark.parametrize(("runner_cls", "how"), [
     (fk.FakeNPUModelRunnerV2, "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
-    (fk.FakeNPUModelRunner310, "max_num_seqs=1, force_attention"),
+    (fk.FakeNPUModelRunner310, "NPU runner without profile_cpp: max_num_seqs=1, force_attention"),
 ])
 def test_sweep_on_other_npu_runners_still_times_one_request(
         npu: tuple, runner_cls: type, how: str) -> None:
@@ -180,6 +180,37 @@ def test_sweep_on_other_npu_runners_still_times_one_request(
     assert all(r.get("swallowed", []) == [] for r in runs)
     assert worker.model_runner.scheduler_config.max_num_seqs == 64
     assert getattr(worker.model_runner, "max_num_reqs", 64) == 64
+
+
+def test_sweep_on_310p_runs_as_profile_cpp_would_without_is_profile(
+        npu: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The 310P runner has no profile_cpp; is_profile would set in_profile_run (forced MoE
+    # load balancing). One request, attention and eager execution come from its own
+    # parameters instead, so each run is the one profile_cpp makes on the V1 runner.
+    monkeypatch.setattr(compat, "cudagraph_mode_none", lambda: fk.CUDAGRAPH_NONE)
+    worker = fk.make_worker(CppWorkerExtension, fk.FakeNPUModelRunner310, npu[1],
+                            max_num_seqs=64)
+    result = worker.cpp_profile_sweep([512, 128], 1)
+    assert result["dummy_run"].endswith("force_attention, eager"), result
+    v1 = fk.make_worker(CppWorkerExtension, fk.FakeNPUModelRunner, fk.EventLog(),
+                        max_num_seqs=64)
+    v1.cpp_profile_sweep([512, 128], 1)
+    keys = ("num_tokens", "num_reqs", "attention", "eager", "in_profile_run")
+    runs_310 = [{k: r[k] for k in keys} for r in worker.model_runner.dummy_runs]
+    runs_v1 = [{k: r[k] for k in keys} for r in v1.model_runner.dummy_runs]
+    assert runs_310 == runs_v1
+    assert not any(r["in_profile_run"] for r in runs_310)
+    assert all(r["eager"] and r["num_reqs"] == 1 for r in runs_310)
+
+
+def test_cpu_runner_keeps_is_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Off the NPU, vLLM's own runner shape keeps is_profile (real dummy tokens, eager).
+    monkeypatch.setattr(compat, "current_platform", lambda: SimpleNamespace(device_type="cpu"))
+    runner = fk.FakeNPUModelRunner310(fk.FakeVllmConfig(), "cpu")
+    how, run = compat.one_request_dummy_run(runner)
+    run(64)
+    assert how == "max_num_seqs=1, force_attention"
+    assert runner.dummy_runs[0]["is_profile"] is True
 
 
 def test_sweep_errors_come_back_as_data(npu: tuple) -> None:
@@ -216,9 +247,10 @@ PROFILING_CHUNK_SCHEDULER = "vllm_ascend.core.scheduler_profiling_chunk.Profilin
 
 
 @pytest.mark.parametrize(("additional", "where"), [
-    ({"profiling_chunk_config": {"enabled": True}}, "vllm-ascend's profiling_chunk_config"),
+    ({"profiling_chunk_config": {"enabled": True}},
+     "vllm-ascend's profiling chunk (profiling_chunk_config.enabled = true)"),
     ({"scheduler_config": {"profiling_chunk_config": {"enabled": True}}},
-     "vllm-ascend's scheduler_config.profiling_chunk_config"),
+     "vllm-ascend's profiling chunk (scheduler_config.profiling_chunk_config.enabled = true)"),
 ])
 def test_cpp_config_with_ascend_profiling_chunk_fails_clearly(
         monkeypatch: pytest.MonkeyPatch, additional: dict, where: str) -> None:
@@ -269,6 +301,144 @@ def test_balance_scheduling_off_is_accepted(
     else:
         monkeypatch.setenv(compat.ASCEND_BALANCE_ENV, env)
     validate_for_engine(parse_cpp_config({"enabled": True}), ascend_vllm_config(additional))
+
+
+# Every vllm-ascend scheduler feature CPP refuses: (additional_config, the Ascend key the
+# message must name, words of the reason). Each one is on in every release that has it.
+SCHEDULER_FEATURES = [
+    ({"scheduler_config": {"short_request_first_config": {"enabled": True}}},
+     "additional_config.scheduler_config.short_request_first_config.enabled",
+     "reorders the waiting queue"),
+    ({"short_request_first_config": {"enabled": True}},
+     "additional_config.short_request_first_config.enabled", "reorders the waiting queue"),
+    ({"scheduler_config": {"batch_job_sched_config": {"enabled": True}}},
+     "additional_config.scheduler_config.batch_job_sched_config.enabled",
+     "installs its own scheduler class"),
+    ({"batch_job_sched_config": {"enabled": True}},
+     "additional_config.batch_job_sched_config.enabled", "installs its own scheduler class"),
+    ({"scheduler_config": {"dyntra_lb_config": {"enabled": True}}},
+     "additional_config.scheduler_config.dyntra_lb_config.enabled", "DyntraLB"),
+    ({"scheduler_config": {"recompute_scheduler_enable": True}},
+     "additional_config.scheduler_config.recompute_scheduler_enable", "recompute scheduler"),
+    ({"recompute_scheduler_enable": True}, "additional_config.recompute_scheduler_enable",
+     "recompute scheduler"),
+    ({"SLO_limits_for_dynamic_batch": 50}, "additional_config.SLO_limits_for_dynamic_batch",
+     "dynamic batch"),
+]
+
+
+@pytest.mark.parametrize(("additional", "key", "reason"), SCHEDULER_FEATURES,
+                         ids=[c[1].rsplit(".", 2)[-2] + ("" if "scheduler_config." in c[1]
+                                                         else "-top") for c in
+                              SCHEDULER_FEATURES])
+def test_ascend_scheduler_features_are_refused_by_their_key(
+        monkeypatch: pytest.MonkeyPatch, additional: dict, key: str, reason: str) -> None:
+    monkeypatch.delenv(compat.ASCEND_BALANCE_ENV, raising=False)
+    with pytest.raises(ValueError) as err:
+        validate_for_engine(parse_cpp_config({"enabled": True}), ascend_vllm_config(additional))
+    text = str(err.value)
+    assert text.startswith("[CPP] cpp_config cannot run with vllm-ascend's"), text
+    assert key in text and reason in text, text
+    assert "--scheduler-cls" not in text
+
+
+@pytest.mark.parametrize("additional", [
+    {"scheduler_config": {"short_request_first_config": {"enabled": False}}},
+    {"short_request_first_config": {"threshold": 512}},
+    {"scheduler_config": {"dyntra_lb_config": {"enabled": False}}},
+    {"dyntra_lb_config": {"enabled": True}},  # never read at the top level
+    {"SLO_limits_for_dynamic_batch": -1},
+])
+def test_ascend_scheduler_features_off_are_accepted(
+        monkeypatch: pytest.MonkeyPatch, additional: dict) -> None:
+    monkeypatch.delenv(compat.ASCEND_BALANCE_ENV, raising=False)
+    validate_for_engine(parse_cpp_config({"enabled": True}), ascend_vllm_config(additional))
+
+
+# scheduler_cls values vllm-ascend's platform sets (read from platform.py of 0.23.0-0.30.0rc2)
+# and the key the message must point at instead of --scheduler-cls.
+ASCEND_SET_CLASSES = [
+    ("vllm_ascend.core.scheduler_dynamic_batch.SchedulerDynamicBatch",
+     "SLO_limits_for_dynamic_batch"),
+    ("vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkAsyncScheduler",
+     "profiling_chunk_config.enabled"),
+    ("vllm_ascend.core.recompute_scheduler.AsyncRecomputeScheduler",
+     "recompute_scheduler_enable"),
+    ("vllm_ascend.core.batch_job_aware_scheduler.BatchJobAwareScheduler",
+     "batch_job_sched_config.enabled"),
+    ("vllm_ascend.core.dyntra_lb_scheduler.AsyncDyntraLBScheduler", "dyntra_lb_config.enabled"),
+    ("vllm_ascend.core.short_request_first_scheduler.ShortRequestFirstAsyncScheduler",
+     "short_request_first_config.enabled"),
+]
+
+
+@pytest.mark.parametrize(("cls", "key"), ASCEND_SET_CLASSES,
+                         ids=[c[0].rsplit(".", 1)[-1] for c in ASCEND_SET_CLASSES])
+def test_scheduler_cls_set_by_vllm_ascend_names_its_feature(
+        monkeypatch: pytest.MonkeyPatch, cls: str, key: str) -> None:
+    # The platform set the class; the additional_config the check sees holds no key we know
+    # (e.g. a release that reads it from a place not listed in compat).
+    monkeypatch.delenv(compat.ASCEND_BALANCE_ENV, raising=False)
+    with pytest.raises(ValueError) as err:
+        validate_for_engine(parse_cpp_config({"enabled": True}), ascend_vllm_config({}, cls))
+    text = str(err.value)
+    assert "vllm-ascend set scheduler_cls" in text and key in text, text
+    assert "--scheduler-cls" not in text
+
+
+def test_operator_scheduler_cls_still_says_remove_the_flag(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(compat.ASCEND_BALANCE_ENV, raising=False)
+    with pytest.raises(ValueError, match="remove --scheduler-cls"):
+        validate_for_engine(parse_cpp_config({"enabled": True}),
+                            ascend_vllm_config({}, "my_pkg.sched.MyScheduler"))
+
+
+# The string "false": on for 0.23-0.26 (raw value / bool(...)), off for 0.27+ (pydantic).
+@pytest.mark.parametrize(("version", "refused"), [
+    ((0, 23, 0), True), ((0, 26, 0), True), ((0, 27, 1), False), ((0, 30, 0), False),
+    (None, True),  # release unknown: refused if any release reads it as on
+])
+@pytest.mark.parametrize("additional", [
+    {"enable_balance_scheduling": "false"},
+    {"profiling_chunk_config": {"enabled": "false"}},
+    {"short_request_first_config": {"enabled": "false"}},
+])
+def test_switches_are_read_as_the_installed_release_reads_them(
+        monkeypatch: pytest.MonkeyPatch, version: tuple | None, refused: bool,
+        additional: dict) -> None:
+    monkeypatch.delenv(compat.ASCEND_BALANCE_ENV, raising=False)
+    monkeypatch.setattr(compat, "ascend_version", lambda: version)
+    config = ascend_vllm_config(additional)
+    if not refused:
+        validate_for_engine(parse_cpp_config({"enabled": True}), config)
+        return
+    with pytest.raises(ValueError) as err:
+        validate_for_engine(parse_cpp_config({"enabled": True}), config)
+    assert "'false' (a string: vllm-ascend 0.23-0.26 read any non-empty string as on" \
+        in str(err.value)
+
+
+@pytest.mark.parametrize(("version", "refused"), [
+    ((0, 23, 0), True), ((0, 26, 0), True), ((0, 27, 1), False), (None, True)])
+def test_balance_env_var_counts_only_where_the_release_reads_it(
+        monkeypatch: pytest.MonkeyPatch, version: tuple | None, refused: bool) -> None:
+    monkeypatch.setenv(compat.ASCEND_BALANCE_ENV, "1")
+    monkeypatch.setattr(compat, "ascend_version", lambda: version)
+    found = compat.ascend_balance_scheduling({}, os.environ, compat.ascend_version())
+    assert (found is not None) is refused
+
+
+@pytest.mark.parametrize(("version", "where"), [
+    # 0.25+: a nested key hides the deprecated top-level one; 0.23/0.24 read only the top.
+    ((0, 27, 1), None), ((0, 24, 0), "additional_config.short_request_first_config.enabled"),
+])
+def test_nested_key_wins_from_025(monkeypatch: pytest.MonkeyPatch, version: tuple,
+                                  where: str | None) -> None:
+    additional = {"scheduler_config": {"short_request_first_config": {"enabled": False}},
+                  "short_request_first_config": {"enabled": True}}
+    found = compat.ascend_scheduler_feature(additional, version)
+    assert (found[0].split(" =")[0] if found else None) == where
 
 
 # ----- the fakes mirror the real signatures ----------------------------------------------------
