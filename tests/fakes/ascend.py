@@ -442,3 +442,34 @@ class StrictBalanceScheduler:
         self.vllm_config = vllm_config
         srf = init_ascend_config(vllm_config, "scheduler").scheduler_config
         self.short_request_first = srf.short_request_first_config.enabled
+
+
+# ----- vllm-ascend 0.23.0's BalanceScheduler on a PD prefill node ------------------------------
+
+
+def _balance_scheduler_023() -> type:
+    from tests.fakes.vllm_shapes import Scheduler023
+
+    class FakeBalanceScheduler023(Scheduler023):
+        """vllm_ascend/patch/platform/patch_balance_schedule.py `BalanceScheduler(Scheduler)`,
+        0.23.0, paired with vLLM 0.23.0. `schedule(self, throttle_prefills=False)` hands over
+        to vLLM unless balance scheduling is on or `_disable_preemption_on_prefill_node` holds
+        (vLLM 0.23.0 and `kv_transfer_config.kv_role == "kv_producer"`); then its own copy of
+        schedule() runs. The copy's reads, recorded by tools/ascend_surfaces.py in
+        tests/fakes/ascend_surfaces.json ("own copy: ..."), are those of vLLM 0.23.0's
+        schedule() (tests/unit/test_ascend_path.py compares them fact by fact), so the copy is
+        vLLM 0.23's walk (Scheduler023) here; `own_copy_steps` counts the steps it ran."""
+
+        def __init__(self, config: Any, kv_role: str | None = None, **queues: Any) -> None:
+            super().__init__(config, **queues)
+            self._balance_enabled = False
+            self._disable_preemption = kv_role == "kv_producer"
+            self.own_copy_steps = 0
+
+        def schedule(self, throttle_prefills: bool = False) -> dict[str, int]:  # type: ignore[override]
+            if not self._balance_enabled and not self._disable_preemption:
+                return super().schedule()
+            self.own_copy_steps += 1
+            return self._walk()
+
+    return FakeBalanceScheduler023

@@ -441,6 +441,69 @@ def test_nested_key_wins_from_025(monkeypatch: pytest.MonkeyPatch, version: tupl
     assert (found[0].split(" =")[0] if found else None) == where
 
 
+# ----- PD prefill node on vllm-ascend 0.23.0: BalanceScheduler's own schedule() ---------------
+
+OWN_COPY_FACTS = [  # (fact in ascend.balance_scheduler, the same fact of vLLM 0.23.0's schedule)
+    ("own copy: token_budget_init", "scheduler.token_budget", "token_budget_init"),
+    ("own copy: input_budget_init", "scheduler.token_budget", "input_budget_init"),
+    ("own copy: cap running_loop", "scheduler.long_prefill", "running_loop"),
+    ("own copy: cap waiting_loop", "scheduler.long_prefill", "waiting_loop"),
+    ("own copy: cap hoisted", "scheduler.long_prefill", "hoisted"),
+    ("own copy: queues", "scheduler.queues", "queues"),
+    ("own copy: queue_pick", "scheduler.queues", "queue_pick"),
+    ("own copy: waiting_admission_limits", "scheduler.queues", "waiting_admission_limits"),
+    ("own copy: running_loop", "scheduler.queues", "running_loop"),
+    ("own copy: waiting_loop", "scheduler.queues", "waiting_loop"),
+]
+
+
+def test_prefill_node_copy_of_schedule_reads_what_step_limits_sets() -> None:
+    """Read from the sdist by AST: on a kv_producer node (vLLM 0.23.0) vllm-ascend 0.23's
+    BalanceScheduler runs its own schedule(); the budget it starts from, where it reads the
+    prefill cap, its queues and admission limit are exactly vLLM 0.23.0's, which is what
+    compat.step_limits steers (self.max_num_scheduled_tokens and
+    scheduler_config.long_prefill_token_threshold)."""
+    import json
+
+    ascend = json.loads((FACTS / "ascend_surfaces.json").read_text())["0.23.0"]
+    vllm = json.loads((FACTS / "vllm_surfaces.json").read_text())["0.23.0"]
+    bal = ascend["ascend.balance_scheduler"]
+    assert "getattr(kv_transfer_config, 'kv_role', None) == 'kv_producer'" \
+        in bal["own copy also when"]
+    assert bal["delegates to vLLM when"] == \
+        "not self._balance_enabled and (not self._disable_preemption)"
+    for own, surface, key in OWN_COPY_FACTS:
+        assert bal[own] == vllm[surface][key], own
+    assert bal["own copy: token_budget_init"] == "self.max_num_scheduled_tokens"
+    assert bal["own copy: cap running_loop"]["direct_reads"] >= 1
+    assert bal["own copy: cap waiting_loop"]["alias_reads"] >= 1
+
+
+@pytest.mark.parametrize("kv_role", ["kv_producer", None])
+def test_step_limits_steer_the_prefill_node_copy_as_planned(kv_role: str | None) -> None:
+    from tests.fakes import vllm_shapes as vs
+    from vllm_ascend_cpp.config import CppConfig, EngineFacts
+    from vllm_ascend_cpp.core import simulate
+    from vllm_ascend_cpp.runtime import CppRuntime
+
+    cls = fk._balance_scheduler_023()
+    cfg = vs.SchedulerConfig023(max_num_batched_tokens=4096)
+    running = [vs.Req("long", 12000, num_computed_tokens=6000)]
+    waiting = [vs.Req("a", 5000), vs.Req("b", 700)]
+    sched = cls(cfg, kv_role=kv_role, running=running, waiting=waiting)
+    facts = EngineFacts(pp_size=2, tp_size=1, max_num_batched_tokens=4096, max_num_seqs=8,
+                        block_size=128, max_model_len=32768)
+    cands = CppRuntime(CppConfig(enabled=True, profile_cache_dir=None), facts).candidates(sched)
+    for budget, cap in ((1800, 1000), (2500, 0), (3000, 640)):
+        with compat.step_limits(sched, budget, cap):
+            got = sched.schedule(False)
+        assert got == {i.req_id: i.tokens for i in simulate(cands, budget, cap)}
+        assert sum(got.values()) <= budget
+        assert sched.max_num_scheduled_tokens == 4096
+        assert cfg.long_prefill_token_threshold == 0
+    assert sched.own_copy_steps == (3 if kv_role == "kv_producer" else 0)
+
+
 # ----- the fakes mirror the real signatures ----------------------------------------------------
 
 FACTS = Path(__file__).resolve().parents[1] / "fakes"
