@@ -131,6 +131,7 @@ def check_worker_runners(p: Probe) -> None:
         and any(dotted(t) == "self.model_runner" for t in s.targets)
     })
     p.fact("model_runner_classes", built)
+    calls_init_ascend_config(p, find_method(p.cls, "__init__"), "__init__ calls init_ascend_config")
 
 
 def _string_assignments(fn: FunctionNode | None, suffix: str) -> list[ast.Assign]:
@@ -153,12 +154,15 @@ def check_platform_config(p: Probe) -> None:
         p.fact(f"sets {field}", values, *stmts)
     ext = [n for n in walk_scope(fn) if (dotted(n) or "").endswith("worker_extension_cls")]
     p.fact("touches worker_extension_cls", bool(ext), *ext[:1])
+    calls_init_ascend_config(p, fn, "calls init_ascend_config")
+    p.fact("scheduler classes named in platform.py", scheduler_class_names(p.module.tree))
     p.expect(not ext, "check_and_update_config sets worker_extension_cls")
 
 
 def check_additional_config_keys(p: Probe) -> None:
     """Where the switches compat refuses are read (top-level key, nested key, env var)."""
-    fn = p.method("__init__")
+    strict_config(p)
+    fn = find_method(p.cls, "__init__")
     if fn is None:
         return
     gets = [c for c in calls(fn, "additional_config.get")
@@ -173,8 +177,6 @@ def check_additional_config_keys(p: Probe) -> None:
             pairs.append(consts[:2])
             p.cite(c)
     p.fact("balance: key, env fallback", pairs)
-    p.expect(bool(pairs) or any(c.args[0].value == "scheduler_config" for c in found),
-             "balance scheduling switch not found where compat looks for it")
     getter = find_method(p.cls, "_get_config_value")
     order = None
     if getter is not None:
@@ -182,6 +184,74 @@ def check_additional_config_keys(p: Probe) -> None:
         order = ast.unparse(first_if.test) if first_if is not None else None
         p.cite(first_if)
     p.fact("a present key wins over the env var", order == "config_key in additional_config")
+
+
+def strict_config(p: Probe) -> None:
+    """Whether AscendConfig refuses unknown keys (pydantic `extra="forbid"`, 0.27+), which
+    is why the front-end hook takes cpp_config out of additional_config."""
+    forbid = [st for st in p.cls.body if isinstance(st, ast.Assign)
+              and any(dotted(t) == "model_config" for t in st.targets)
+              and "extra='forbid'" in ast.unparse(st.value)]
+    p.fact("unknown keys", "refused (extra='forbid')" if forbid else "ignored", *forbid[:1])
+    p.fact("switch values parsed", "pydantic (lax bool)" if forbid
+           else "plain Python (raw value, bool(...))")
+
+
+def check_init_ascend_config(p: Probe) -> None:
+    """init_ascend_config: the vLLM-Omni exemption and the keys it resolves itself."""
+    fn = p.node
+    assert fn is not None and not isinstance(fn, ast.ClassDef)
+    omni = [c for c in walk_scope(fn) if isinstance(c, ast.Call)
+            and (dotted(c.func) or "").endswith("find_spec")
+            and any(isinstance(a, ast.Constant) and a.value == "vllm_omni" for a in c.args)]
+    p.fact("unknown keys dropped when vllm_omni importable", bool(omni), *omni[:1])
+    stripped: list[str] = []
+    for st in walk_scope(fn):
+        if isinstance(st, ast.Assign) and any(dotted(t) == "_NON_USER_INPUT_KEYS"
+                                              for t in st.targets):
+            if isinstance(st.value, ast.Set):
+                stripped = sorted(e.value for e in st.value.elts
+                                  if isinstance(e, ast.Constant))
+            p.cite(st)
+    p.fact("scheduler keys it resolves itself", [k for k in stripped if k in SCHEDULER_KEYS])
+
+
+SCHEDULER_KEYS = ("enable_balance_scheduling", "recompute_scheduler_enable",
+                  "short_request_first_config", "profiling_chunk_config",
+                  "batch_job_sched_config", "dyntra_lb_config", "SLO_limits_for_dynamic_batch")
+
+
+def check_config_switches(p: Probe) -> None:
+    """Which scheduler switches the release reads, whether a nested `scheduler_config`
+    section exists, and whether the balance env var is still a fallback."""
+    assert not isinstance(p.node, ast.ClassDef)
+    consts = {n.value for n in ast.walk(p.module.tree)
+              if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    p.fact("switch keys", sorted(k for k in SCHEDULER_KEYS if k in consts))
+    nested = [c for c in ast.walk(p.module.tree) if isinstance(c, ast.Call)
+              and (dotted(c.func) or "").endswith("additional_config.get") and c.args
+              and isinstance(c.args[0], ast.Constant) and c.args[0].value == "scheduler_config"]
+    p.fact("reads additional_config.scheduler_config", bool(nested), *nested[:1])
+    env = [n for n in ast.walk(p.module.tree) if isinstance(n, ast.Constant)
+           and n.value == "VLLM_ASCEND_BALANCE_SCHEDULING"]
+    p.fact("balance env var fallback", bool(env), *env[:1])
+
+
+def scheduler_class_names(tree: ast.Module) -> list[str]:
+    return sorted({n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                   and isinstance(n.value, str) and n.value.startswith("vllm_ascend.core.")
+                   and "Scheduler" in n.value.rsplit(".", 1)[-1]})
+
+
+def calls_init_ascend_config(p: Probe, fn: FunctionNode | None, key: str) -> None:
+    found = calls(fn, "init_ascend_config") if fn is not None else []
+    p.fact(key, bool(found), *found[:1])
+
+
+def own_dummy_run(p: Probe) -> None:
+    """The V2 NPU runner's own _dummy_run where it has one (0.27+), else null."""
+    fn = find_method(p.cls, "_dummy_run")
+    p.fact("sig own _dummy_run", params(fn) if fn is not None else None, fn)
 
 
 def check_envs(p: Probe) -> None:
@@ -260,6 +330,10 @@ def check_balance_scheduler(p: Probe) -> None:
     preempt = find_top_level(p.module.tree, "_disable_preemption_on_prefill_node")
     rets = [st for st in walk_scope(preempt) if isinstance(st, ast.Return)] if preempt else []
     p.fact("own copy also when", [ast.unparse(r.value) for r in rets if r.value], *rets)
+    init = find_method(p.cls, "__init__")
+    calls_init_ascend_config(p, init, "__init__ calls init_ascend_config")
+    srf = calls(init, "install_short_request_first_waiting_queue") if init else []
+    p.fact("__init__ installs a short-request-first queue", bool(srf), *srf[:1])
 
 
 # fmt: off
@@ -284,9 +358,14 @@ ASCEND_SURFACES: list[Surface] = [
             ("NPUModelRunner310",), check_npu_dummy_run, None),
     Surface("ascend.runner_v2", "NPUModelRunner (V2): inherits vLLM's V2 _dummy_run",
             (RUNNER_V2,), ("NPUModelRunner",),
-            both(class_shape("_dummy_run", "execute_model"), signatures("__init__")), None),
-    Surface("ascend.config", "AscendConfig: profiling_chunk_config / balance switch",
+            both(class_shape("_dummy_run", "execute_model"), signatures("__init__"),
+                 own_dummy_run), None),
+    Surface("ascend.config", "AscendConfig: strictness, profiling_chunk_config, balance switch",
             (CONFIG,), ("AscendConfig",), check_additional_config_keys, PKG),
+    Surface("ascend.config.init", "init_ascend_config: unknown keys, vLLM-Omni exemption",
+            (CONFIG,), ("init_ascend_config",), check_init_ascend_config, None),
+    Surface("ascend.config.switches", "ascend_config.py: scheduler switches and where",
+            (CONFIG,), (MODULE,), check_config_switches, None),
     Surface("ascend.envs", "envs.py: balance scheduling env var", (ENVS,), (MODULE,),
             check_envs, None),
     Surface("ascend.patch_platform", "patch/platform: which global patches load, when",

@@ -702,22 +702,32 @@ def one_request_dummy_run(runner: Any) -> tuple[str, Callable[[int], Any]]:
       calls it (force_attention=True, profile_cpp=True, no is_profile: on Ascend is_profile
       sets `in_profile_run`, which forces MoE load balancing).
     - vLLM's V1 `GPUModelRunner._dummy_run(num_tokens, ..., force_attention, ..., is_profile,
-      ...)` (also the CPU runner and vllm-ascend's 310P runner): it spreads the tokens over
-      `scheduler_config.max_num_seqs` requests, so that is 1 for the call; force_attention
-      builds attention metadata; is_profile keeps the dummy tokens real (not padding) and the
-      run eager; randomize_inputs (0.27+) gives MoE layers varied token ids, as real text.
+      ...)` (also the CPU runner): it spreads the tokens over `scheduler_config.max_num_seqs`
+      requests, so that is 1 for the call; force_attention builds attention metadata;
+      is_profile keeps the dummy tokens real (not padding) and the run eager;
+      randomize_inputs (0.27+) gives MoE layers varied token ids, as real text. vllm-ascend's
+      310P runner has this shape without profile_cpp: on the NPU it gets what profile_cpp
+      would give instead (one request, force_attention, cudagraph_runtime_mode NONE), as
+      vllm-ascend 0.30's own profile_prefill_latency calls runners without profile_cpp.
     - vLLM's V2 `GPUModelRunner._dummy_run(num_tokens, *args, skip_attn=False, ..., **kwargs)`
-      (worker/gpu/model_runner.py; the V2 CPU and vllm-ascend V2 runners inherit it): it
-      spreads over `self.max_num_reqs`, so that is 1 for the call. It has no force_attention
-      (its **kwargs would swallow one): attention metadata is built unless skip_attn=True,
-      and we leave skip_attn at False, so attention runs.
+      (worker/gpu/model_runner.py; the V2 CPU runner inherits it, vllm-ascend's V2 runner
+      inherits it up to 0.26 and wraps it with the same keywords from 0.27): it spreads over
+      `self.max_num_reqs`, so that is 1 for the call. It has no force_attention (its **kwargs
+      would swallow one): attention metadata is built unless skip_attn=True, and we leave
+      skip_attn at False, so attention runs.
+    On the NPU is_profile is never passed (see below).
     """
     params = dummy_run_params(runner)
     if "profile_cpp" in params:
         kwargs = _only_known(params, {"force_attention": True, "profile_cpp": True})
         return "profile_cpp", lambda n: runner._dummy_run(n, **kwargs)
-    wanted = {"is_profile": True, "randomize_inputs": True}
-    if "force_attention" in params and _on_npu():
+    # On Ascend, is_profile sets `in_profile_run` (forced MoE load balancing), which
+    # vllm-ascend's own profiling avoids too (0.30: is_profile=False); elsewhere it keeps the
+    # dummy tokens real (not padding) and the run eager.
+    npu = _on_npu()
+    wanted: dict[str, Any] = {"randomize_inputs": True} if npu else \
+        {"is_profile": True, "randomize_inputs": True}
+    if "force_attention" in params and npu:
         # vllm-ascend's 310P runner (NPUModelRunner310) has no profile_cpp. Its is_profile sets
         # `in_profile_run` (forced MoE load balancing), so it is not passed; what profile_cpp
         # would do is rebuilt from parameters it has: one request (max_num_seqs=1), attention

@@ -167,6 +167,10 @@ def test_prepare_on_npu_worker_installs_a_timer_that_syncs_only_timed_steps(npu:
 
 @pytest.mark.parametrize(("runner_cls", "how"), [
     (fk.FakeNPUModelRunnerV2, "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
+    (fk.FakeNPUModelRunnerV2_027,
+     "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
+    (fk.FakeNPUModelRunnerV2_029,
+     "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
     (fk.FakeNPUModelRunner310, "NPU runner without profile_cpp: max_num_seqs=1, force_attention"),
 ])
 def test_sweep_on_other_npu_runners_still_times_one_request(
@@ -178,6 +182,7 @@ def test_sweep_on_other_npu_runners_still_times_one_request(
     runs = worker.model_runner.dummy_runs
     assert runs and all(r["num_reqs"] == 1 and r["attention"] for r in runs)
     assert all(r.get("swallowed", []) == [] for r in runs)
+    assert not any(r["is_profile"] for r in runs)  # in_profile_run on Ascend
     assert worker.model_runner.scheduler_config.max_num_seqs == 64
     assert getattr(worker.model_runner, "max_num_reqs", 64) == 64
 
@@ -567,6 +572,59 @@ def test_fakes_have_the_signatures_read_from_the_vllm_ascend_sdist() -> None:
     assert facts["ascend.worker.profile"]["synchronize_calls"] == ["torch.npu.synchronize"]
     assert facts["ascend.worker.profile"]["dummy_run_keywords"] == [
         "force_attention", "num_tokens", "profile_cpp"]
+
+
+def _release_facts() -> dict[str, dict]:
+    import json
+
+    return json.loads((FACTS / "ascend_surfaces.json").read_text())
+
+
+RELEASES = sorted(_release_facts(), key=compat.parse_version)
+
+
+def test_every_claimed_release_is_read() -> None:
+    assert RELEASES[0] == "0.23.0" and len(RELEASES) >= 8
+    assert {"0.24.0rc1", "0.25.1rc1", "0.26.0rc1"} <= set(RELEASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_compat_rules_match_what_each_release_does(release: str) -> None:
+    """The release rules in compat.py (strict config, nested keys, env fallback, sweep call,
+    scheduler classes) against the facts read from that release's sdist."""
+    facts = _release_facts()[release]
+    version = compat.parse_version(release)
+    strict = facts["ascend.config"]["unknown keys"] == "refused (extra='forbid')"
+    assert strict == (version[:2] >= compat.ASCEND_PYDANTIC_FROM)
+    assert facts["ascend.config"]["switch values parsed"].startswith(
+        "pydantic" if strict else "plain Python")
+    if strict:  # the only way unknown keys pass: vLLM-Omni importable (the fake does the same)
+        assert facts["ascend.config.init"]["unknown keys dropped when vllm_omni importable"]
+    switches = facts["ascend.config.switches"]
+    assert switches["reads additional_config.scheduler_config"] == \
+        (version[:2] >= compat.ASCEND_NESTED_FROM)
+    assert switches["balance env var fallback"] == (version[:2] < compat.ASCEND_PYDANTIC_FROM)
+    known = {k for k, *_ in compat.ASCEND_SCHEDULER_FEATURES} | {
+        "enable_balance_scheduling", compat.ASCEND_PROFILING_KEY}
+    assert set(switches["switch keys"]) <= known
+    for name in facts["ascend.platform.config"]["scheduler classes named in platform.py"]:
+        assert compat.ascend_scheduler_cls_origin(name) is not None, name
+    # The sweep: the V1 runner always has profile_cpp; the 310P runner never, but always has
+    # what compat uses instead; a V2 override keeps the keywords compat passes.
+    assert "profile_cpp" in facts["ascend.runner_v1"]["sig _dummy_run"]
+    p310 = facts["ascend.runner_310p"]["sig _dummy_run"]
+    assert "profile_cpp" not in p310
+    assert {"force_attention", "cudagraph_runtime_mode"} <= set(p310)
+    own_v2 = facts["ascend.runner_v2"]["sig own _dummy_run"]
+    if own_v2 is not None:
+        fake = fk.FakeNPUModelRunnerV2_029 if version[:2] >= (0, 29) \
+            else fk.FakeNPUModelRunnerV2_027
+        assert own_v2 == params_of(fake._dummy_run)[1:]
+    # Short-request-first reorders the queue from inside BalanceScheduler.__init__ (0.25+):
+    # the plugin refuses the key wherever the release reads it.
+    if facts["ascend.balance_scheduler"]["__init__ installs a short-request-first queue"]:
+        on = {"scheduler_config": {"short_request_first_config": {"enabled": True}}}
+        assert compat.ascend_scheduler_feature(on, version) is not None
 
 
 def test_extension_names_do_not_clash_with_npu_worker() -> None:
