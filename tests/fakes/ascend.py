@@ -475,31 +475,16 @@ def _balance_scheduler_023() -> type:
     return FakeBalanceScheduler023
 
 
-class FakeNPUModelRunnerV2_027(FakeNPUModelRunnerV2):  # noqa: N801
-    """vllm_ascend/worker/v2/model_runner.py `NPUModelRunner._dummy_run`, 0.27.1rc1 and
-    0.28.0rc1: its own override, `(num_tokens, *args, skip_attn=False, uniform_decode=False,
-    skip_eplb=False, is_profile=False, **kwargs)`, forwarding to vLLM's V2 one (same request
-    rule, same attention rule)."""
-
-    def _dummy_run(  # type: ignore[override]
-        self,
-        num_tokens: int,
-        *args: Any,
-        skip_attn: bool = False,
-        uniform_decode: bool = False,
-        skip_eplb: bool = False,
-        is_profile: bool = False,
-        **kwargs: Any,
-    ) -> tuple[Any, Any]:
-        kwargs.pop("skip_gdn_state_update", None)
-        return super()._dummy_run(num_tokens, *args, skip_attn=skip_attn,
-                                  uniform_decode=uniform_decode, skip_eplb=True,
-                                  is_profile=is_profile, **kwargs)
+# vllm_ascend/worker/v2/model_runner.py `NPUModelRunner._dummy_run`, 0.27.1rc1 and 0.28.0rc1:
+# its own override has exactly vLLM's V2 parameters, `(num_tokens, *args, skip_attn=False,
+# uniform_decode=False, skip_eplb=False, is_profile=False, **kwargs)`, and forwards to vLLM's
+# V2 one (same request rule, same attention rule): the inherited-shape fake is that shape.
+FakeNPUModelRunnerV2_027 = FakeNPUModelRunnerV2
 
 
 class FakeNPUModelRunnerV2_029(FakeNPUModelRunnerV2):  # noqa: N801
     """The same override in 0.29.0rc1 and 0.30.0rc2, with `context_len=0` added after
-    uniform_decode (adaptive-verification profiling)."""
+    uniform_decode (adaptive-verification profiling); it forwards to vLLM's V2 one."""
 
     def _dummy_run(  # type: ignore[override]
         self,

@@ -167,8 +167,6 @@ def test_prepare_on_npu_worker_installs_a_timer_that_syncs_only_timed_steps(npu:
 
 @pytest.mark.parametrize(("runner_cls", "how"), [
     (fk.FakeNPUModelRunnerV2, "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
-    (fk.FakeNPUModelRunnerV2_027,
-     "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
     (fk.FakeNPUModelRunnerV2_029,
      "V2 runner: max_num_reqs=1, attention built (skip_attn=False)"),
     (fk.FakeNPUModelRunner310, "NPU runner without profile_cpp: max_num_seqs=1, force_attention"),
