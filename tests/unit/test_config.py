@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -201,3 +203,41 @@ def test_unknown_test_fault_stops_startup(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.delenv(faults.ENV)
         faults.active.cache_clear()
     assert faults.step_ms_filter() is None
+
+
+# ----- the front-end hook's hand-over (patch/engine_args.py) ---------------------------------
+
+
+def test_take_cpp_config_strips_the_key_and_keeps_the_rest() -> None:
+    from vllm_ascend_cpp.patch.engine_args import take_cpp_config
+
+    given = {"cpp_config": {"enabled": True, "smooth_factor": 0.5}, "enable_kv_nz": True}
+    stripped, text = take_cpp_config(given)
+    assert stripped == {"enable_kv_nz": True}
+    assert json.loads(text) == {"enabled": True, "smooth_factor": 0.5}
+    assert "cpp_config" in given  # the operator's dict is not changed
+    # A JSON string for the whole flag, or for the cpp_config value, works the same way.
+    stripped, text = take_cpp_config('{"cpp_config": "{\\"enabled\\": true}", "x": 1}')
+    assert stripped == {"x": 1} and json.loads(text) == {"enabled": True}
+    plain = {"x": 1}
+    assert take_cpp_config(plain) == (plain, None)
+    assert take_cpp_config(None) == (None, None)
+    with pytest.raises(ValueError, match=r"cpp_config\.min_chunk"):
+        take_cpp_config({"cpp_config": {"enabled": True, "min_chunk": 0}})
+
+
+def test_environment_is_handed_back_to_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_ascend_cpp.patch import engine_args as ea
+
+    monkeypatch.setenv("VLLM_CPP_CONFIG", "operator")
+    monkeypatch.setattr(ea._Carried, "value", None)
+    monkeypatch.setattr(ea._Carried, "previous", None)
+    ea.carry_in_environment('{"enabled": true}')
+    assert os.environ["VLLM_CPP_CONFIG"] == '{"enabled": true}'
+    ea.release_environment()
+    assert os.environ["VLLM_CPP_CONFIG"] == "operator"
+    # Changed by someone else meanwhile: left alone.
+    ea.carry_in_environment("ours")
+    monkeypatch.setenv("VLLM_CPP_CONFIG", "theirs")
+    ea.release_environment()
+    assert os.environ["VLLM_CPP_CONFIG"] == "theirs"
