@@ -2,7 +2,8 @@
 
 `register()` is the `vllm.general_plugins` entry point. vLLM calls it in every process it
 starts (front end, engine core, workers), possibly more than once. It only installs two thin
-wrappers; they do nothing unless `additional_config["cpp_config"]["enabled"]` is true.
+wrappers; they do nothing unless `cpp_config` (from `--additional-config`, which the front-end
+wrapper moves into the env var VLLM_CPP_CONFIG, or that variable set directly) is enabled.
 Importing this package never imports vLLM or torch.
 """
 
