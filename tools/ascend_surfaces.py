@@ -322,9 +322,14 @@ def check_balance_scheduler(p: Probe) -> None:
     sub_check(p, check_token_budget, "own copy: ")
     sub_check(p, check_long_prefill, "own copy: cap ")
     sub_check(p, check_queues, "own copy: ")
+    # 0.23 assigns `vllm.v1.core.sched.scheduler.Scheduler`; later releases import that
+    # module under an alias (`import vllm.v1.core.sched.scheduler as _sched_mod`).
+    names = {"vllm.v1.core.sched.scheduler"} | {
+        a.asname for st in p.module.tree.body if isinstance(st, ast.Import)
+        for a in st.names if a.name == "vllm.v1.core.sched.scheduler" and a.asname}
     replaced = [
         st for st in p.module.tree.body if isinstance(st, ast.Assign)
-        and any(dotted(t) == "vllm.v1.core.sched.scheduler.Scheduler" for t in st.targets)
+        and any(dotted(t) in {f"{n}.Scheduler" for n in names} for t in st.targets)
     ]
     p.fact("replaces vllm Scheduler", bool(replaced), *replaced[:1])
     preempt = find_top_level(p.module.tree, "_disable_preemption_on_prefill_node")

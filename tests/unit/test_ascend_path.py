@@ -618,6 +618,15 @@ def test_compat_rules_match_what_each_release_does(release: str) -> None:
         fake = fk.FakeNPUModelRunnerV2_029 if version[:2] >= (0, 29) \
             else fk.FakeNPUModelRunnerV2_027
         assert own_v2 == params_of(fake._dummy_run)[1:]
+    # BalanceScheduler replaces vLLM's Scheduler in every release (so CppScheduler subclasses
+    # it); only 0.23 runs its own schedule() on a kv_producer node, later ones only with
+    # balance scheduling, which the plugin refuses.
+    bal = facts["ascend.balance_scheduler"]
+    assert bal["replaces vllm Scheduler"] is True
+    producer = any("kv_producer" in c for c in bal["own copy also when"])
+    assert producer == (version[:2] == (0, 23))
+    if not producer:
+        assert bal["delegates to vLLM when"] == "not self._balance_enabled"
     # Short-request-first reorders the queue from inside BalanceScheduler.__init__ (0.25+):
     # the plugin refuses the key wherever the release reads it.
     if facts["ascend.balance_scheduler"]["__init__ installs a short-request-first queue"]:
