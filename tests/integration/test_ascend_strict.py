@@ -30,7 +30,7 @@ CPP = {"enabled": True, "smooth_factor": 0.8, "trace_file": "/tmp/cpp-strict-tra
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from vllm_ascend_cpp.tiny_model import write_tiny_llama
+    from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama
 
     return str(write_tiny_llama(tmp_path_factory.mktemp("strict") / "tiny-llama"))
 
