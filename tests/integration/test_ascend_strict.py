@@ -23,6 +23,7 @@ import pytest
 
 from tests.fakes import ascend as fk
 from vllm_ascend_cpp.config import ENV_KEY
+from vllm_ascend_cpp.patch import engine_args as hook
 
 BUDGET = 2048
 CPP = {"enabled": True, "smooth_factor": 0.8, "trace_file": "/tmp/cpp-strict-trace.jsonl"}
@@ -51,7 +52,12 @@ def strict_platform(monkeypatch: pytest.MonkeyPatch) -> fk.StrictAscendState:
 
     monkeypatch.setattr(current_platform, "check_and_update_config", check_and_update_config)
     monkeypatch.setattr(fk, "STRICT_STATE", fk.StrictAscendState())
-    monkeypatch.delenv(ENV_KEY, raising=False)
+    # setenv first: delenv of an absent variable records nothing, and the value a test's
+    # engine carried would then outlive the test (and look like an operator's afterwards).
+    monkeypatch.setenv(ENV_KEY, "")
+    monkeypatch.delenv(ENV_KEY)
+    monkeypatch.setattr(hook._Carried, "value", None)
+    monkeypatch.setattr(hook._Carried, "previous", None)
     return fk.STRICT_STATE
 
 
