@@ -221,8 +221,62 @@ def analyse(batch: dict, outputs: list[dict], trace: list[dict], report: dict,
             "second_half_max": max(samples[half:]) if half else None,
             "growth_mib": end_rss["total_mib"] - start_rss["total_mib"],
         },
+        "calibration": calibration_figures(trace),
         "rows": rows,
     }
+
+
+def calibration_figures(trace: list[dict]) -> dict:
+    """How the adaptive loop did: the share of steps with prefill work that ran in fixed
+    fallback, give-ups, rescues, and |predicted - measured| / measured on the timed steps of
+    the second half of the run (the first half includes the refits from the startup model)."""
+    prefill = [line for line in trace if line.get("requests")]
+    fallback = sum(1 for line in prefill if line["state"] == "fixed-fallback")
+    events = [line["event"]["kind"] for line in trace if line.get("event")]
+    half = trace[len(trace) // 2:]
+    errors = [abs(line["predicted_ms"] - line["measured_ms"]) / line["measured_ms"]
+              for line in half
+              if line.get("measured_ms") and line.get("predicted_ms") is not None
+              and line["state"] in ("calibrating", "ready")]
+    staged = [line for line in trace if line.get("stage_ms")]
+    return {
+        "prefill_steps": len(prefill),
+        "prefill_steps_fixed_fallback": fallback,
+        "fallback_share": fallback / len(prefill) if prefill else None,
+        "give_ups": events.count("gave_up"),
+        "rescues": events.count("rescued") + events.count("reenabled"),
+        "accepted_fits": events.count("accepted"),
+        "timed_steps_second_half": len(errors),
+        "pred_error_median": statistics.median(errors) if errors else None,
+        "pred_error_p90": _quantile(errors, 0.9) if errors else None,
+        "timed_steps_with_stage_times": len(staged),
+        "stages_slowest_share": _slowest_share(staged),
+    }
+
+
+def _slowest_share(lines: list[dict]) -> dict[str, float]:
+    """How often each pipeline stage was the slowest on a timed step."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        stages = line["stage_ms"]
+        k = max(range(len(stages)), key=lambda i: stages[i] or 0.0)
+        counts[f"stage{k}"] = counts.get(f"stage{k}", 0) + 1
+    total = sum(counts.values())
+    return {k: round(v / total, 3) for k, v in sorted(counts.items())} if total else {}
+
+
+def _share(cal: dict) -> str:
+    share = cal["fallback_share"]
+    pct = f"{share:.1%}" if share is not None else "n/a"
+    return (f"{cal['prefill_steps_fixed_fallback']} of {cal['prefill_steps']} ({pct}), "
+            f"{cal['give_ups']}, {cal['rescues']}")
+
+
+def _err(cal: dict) -> str:
+    if cal["pred_error_median"] is None:
+        return "n/a"
+    return (f"{cal['pred_error_median']:.1%} / {cal['pred_error_p90']:.1%} over "
+            f"{cal['timed_steps_second_half']} steps")
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -246,6 +300,12 @@ def markdown(fig: dict, settings: dict) -> str:
         f"| arrival span / wall | {fig['arrival_span_s']:.0f} s / {fig['wall_s']:.0f} s |",
         f"| engine steps (by CPP state) | {fig['steps']} ({fig['states']}) |",
         f"| online refit attempts | {fig['fit_attempts']} |",
+        f"| calibration: prefill steps in fixed fallback, give-ups, rescues | "
+        f"{_share(fig['calibration'])} |",
+        f"| timed steps, 2nd half: median / p90 abs(pred - meas) / meas | "
+        f"{_err(fig['calibration'])} |",
+        f"| slowest stage on timed steps | "
+        f"{fig['calibration']['stages_slowest_share'] or 'n/a (last stage only)'} |",
         f"| chunk sizes min / median / max | {fig['chunk_sizes']} |",
         f"| wait (submit to first token) median / p90 / max | "
         f"{fig['wait_s'].get('median', 0):.2f} / {fig['wait_s'].get('p90', 0):.2f} / "

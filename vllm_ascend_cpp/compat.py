@@ -25,12 +25,14 @@ OUR_SCHEDULERS = (SCHEDULER_CLS, ASYNC_SCHEDULER_CLS)
 
 # Names we add to vLLM objects that cross process boundaries (both are pickled with their
 # instance __dict__, so a plain attribute travels with them; neither class uses __slots__).
-TIME_STEP_ATTR = "cpp_time_step"  # on SchedulerOutput: "time this step" for the workers
+# On SchedulerOutput: the step's number (an int >= 1) when the workers should time it.
+TIME_STEP_ATTR = "cpp_time_step"
 STEP_MS_ATTR = "cpp_step_ms"  # on ModelRunnerOutput: measured forward ms of the last stage
 
 # Worker methods reached through collective_rpc (added by the worker extension class).
 WORKER_PREPARE = "cpp_prepare_worker"
 WORKER_SWEEP = "cpp_profile_sweep"
+WORKER_STAGE_TIMES = "cpp_stage_times"
 
 # vllm-ascend's own switches that must not be on together with ours.
 ASCEND_BALANCE_ENV = "VLLM_ASCEND_BALANCE_SCHEDULING"

@@ -41,6 +41,7 @@ class CppConfig:
     online_calibration: bool = True
     calibration_window: int = 256
     max_failed_fits: int = 8
+    fallback_timing_period: int = 16
     profile_cache_dir: str | None = DEFAULT_CACHE_DIR
     trace_file: str | None = None
     log_interval_s: float = 60.0
@@ -68,6 +69,9 @@ _RULES: dict[str, tuple[tuple[type, ...], str, Any]] = {
     "online_calibration": ((bool,), "true or false", None),
     "calibration_window": ((int,), "an integer from 16 to 100000", lambda v: 16 <= v <= 100000),
     "max_failed_fits": ((int,), "an integer from 1 to 1000", lambda v: 1 <= v <= 1000),
+    # At most one step in 16: each timed step is a device sync on every worker.
+    "fallback_timing_period": ((int,), "an integer from 16 to 100000",
+                               lambda v: 16 <= v <= 100000),
     "profile_cache_dir": ((str, type(None)), "a directory path, or \"\" / null to disable",
                           None),
     "trace_file": ((str, type(None)), "a file path, or null", None),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,6 +26,7 @@ from vllm_ascend_cpp.core import (
     simulate,
 )
 from vllm_ascend_cpp.log import logger
+from vllm_ascend_cpp.stage_times import StageTimes
 from vllm_ascend_cpp.trace import TraceWriter
 
 ACTIVE_STATES = (CppState.READY, CppState.CALIBRATING)
@@ -32,6 +34,9 @@ ACTIVE_STATES = (CppState.READY, CppState.CALIBRATING)
 # a record older than a few depths belongs to a step whose result never came back (an aborted
 # or failed step); it goes, oldest first, instead of keeping its output's id alive forever.
 PENDING_DEPTHS = 4
+# Trace lines held back while earlier timed steps wait for their stage times; beyond this the
+# oldest is written with what is known, so memory stays bounded.
+_MAX_HELD_LINES = 512
 # Policies a benchmark may switch one engine between (set_bench_policy); never operator input.
 BENCH_MODES = ("fixed", "base", "auto")
 
@@ -85,6 +90,7 @@ def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
         online_calibration=bool(cfg.online_calibration),
         calibration_window=int(cfg.calibration_window),
         max_failed_fits=int(cfg.max_failed_fits),
+        fallback_timing_period=int(cfg.fallback_timing_period),
         pp_size=facts.pp_size,
         reference_prompt_len=min(8 * base, max(facts.max_model_len - 1, base)),
         # "fixed" never reaches the planner (see plan()); its report shows the base target.
@@ -111,6 +117,13 @@ class CppRuntime:
         # Benchmark-only policy override (set_bench_policy); None for every served engine.
         self.bench_policy: BenchPolicy | None = None
         self._operator_max_budget: int | None = None
+        self.stages = StageTimes(None, 1)
+        # Trace lines in step order: [line, ready]; a timed step's line waits for its stages.
+        self._held: deque[list] = deque()
+
+    def use_executor(self, executor: Any) -> None:
+        """Fetch every stage's step times through this executor (see stage_times.py)."""
+        self.stages = StageTimes(executor, self.facts.pp_size * self.facts.tp_size)
 
     # ----- before and after vLLM's schedule() --------------------------------------------
 
@@ -208,7 +221,8 @@ class CppRuntime:
                 self.plan_mismatches += 1
         timed = self.manager.should_time_step()
         if timed:
-            setattr(output, compat.TIME_STEP_ATTR, True)
+            # The step number tells every worker's timer which step it timed.
+            setattr(output, compat.TIME_STEP_ATTR, self._step)
         rec = StepRecord(
             self._step, items, plan, timed, self.manager.state.value,
             compat.preempted_request_ids(output), time.monotonic(),
@@ -223,8 +237,28 @@ class CppRuntime:
         rec = self._pending.pop(id(output), None)
         if rec is None:
             return
-        measured = compat.read_step_ms(model_output) if rec.timed else None
-        self._host_gap(rec, measured)
+        last_ms = compat.read_step_ms(model_output) if rec.timed else None
+        self._host_gap(rec, last_ms)
+        line = self.trace.line_for(rec, last_ms, self.manager) if self.trace is not None \
+            else None
+        entry = [line, not rec.timed]
+        if line is not None:
+            self._held.append(entry)
+        if rec.timed:
+            self.stages.submit(rec.step, (rec, entry), last_ms)
+        self.stages.poll(self._resolve, self._step)
+        self._write_ready()
+        self._maybe_summary()
+
+    def _resolve(self, payload: Any, last_ms: float | None,
+                 stage_ms: list[float] | None) -> None:
+        """A timed step with its stage times (or the last stage's alone): plan on the slowest."""
+        rec, entry = payload
+        known = [t for t in (stage_ms or []) if t is not None]
+        if last_ms is not None:
+            known.append(last_ms)
+        measured = max(known) if known else None
+        event = None
         if measured is not None:
             self.steps_timed += 1
             pairs = [(h, n) for _, h, n, _ in rec.items]
@@ -232,9 +266,27 @@ class CppRuntime:
             event = self.manager.record_step(pairs, measured, predicted)
             if event is not None:
                 self._log_event(event)
-        if self.trace is not None:
-            self.trace.write_step(rec, measured, self.manager)
-        self._maybe_summary()
+        line = entry[0]
+        if line is not None:
+            line["measured_ms"] = _round(measured)
+            line["stage_ms"] = [_round(t) for t in stage_ms] if stage_ms else None
+            cal = self.manager.calibrator
+            if cal is not None and measured is not None:
+                # The counts right after this step's row went in, not when its line was built.
+                line["fit_attempts"] = cal.attempts
+                line["failed_fits"] = cal.failed_fits
+            if event is not None:
+                line["event"] = {"kind": event.kind, "reason": event.reason}
+                line["state"] = rec.state
+                line["state_after"] = self.manager.state.value
+        entry[1] = True
+
+    def _write_ready(self) -> None:
+        held = self._held
+        while held and (held[0][1] or len(held) > _MAX_HELD_LINES):
+            line, _ = held.popleft()
+            if self.trace is not None and line is not None:
+                self.trace.write_line(line)
 
     def _host_gap(self, rec: StepRecord, measured: float | None) -> None:
         # Only between prefill steps the pipeline ran back to back (this one was scheduled
@@ -255,11 +307,16 @@ class CppRuntime:
         if event.kind == "gave_up":
             logger.warning(
                 "[CPP] online calibration gave up after %d failed fits (%s); "
-                "using fixed chunks of %d tokens until a later window fits",
-                event.failed_fits, event.reason, self.manager.settings.base_chunk,
+                "using fixed chunks of %d tokens and timing one step in %d until a later "
+                "window fits", event.failed_fits, event.reason,
+                self.manager.settings.base_chunk, self.manager.settings.fallback_timing_period,
             )
         elif event.kind == "reenabled":
-            logger.info("[CPP] online calibration recovered: dynamic chunking is back on")
+            logger.info("[CPP] online calibration recovered: dynamic chunking is back on (%s)",
+                        event.reason)
+        elif event.kind == "rescued":
+            logger.info("[CPP] online calibration rescued the server: dynamic chunking is on "
+                        "after a startup without a usable fit (%s)", event.reason)
         elif event.kind == "accepted":
             m = event.model
             logger.debug(
@@ -278,8 +335,10 @@ class CppRuntime:
         s = self.manager.summary()
         err = s.get("median_prediction_error")
         err_txt = f"{100 * err:.1f}%" if isinstance(err, float) and err == err else "n/a"
+        timing = "all-stages" if self.stages.enabled else "last-stage"
         return (
-            f"state={self.manager.state.value} steps_planned={self.steps_planned} "
+            f"state={self.manager.state.value} calibration={s.get('calibration')} "
+            f"timing={timing} steps_planned={self.steps_planned} "
             f"steps_timed={self.steps_timed} median_pred_error={err_txt} "
             f"fit_attempts={s.get('fit_attempts', 0)} failed_fits={s.get('failed_fits', 0)} "
             f"plan_mismatches={self.plan_mismatches} "
@@ -287,6 +346,14 @@ class CppRuntime:
         )
 
     def close(self) -> None:
+        self.stages.flush(self._resolve)
+        self._write_ready()
         logger.info("[CPP] at shutdown: %s", self.summary_line())
         if self.trace is not None:
             self.trace.close()
+
+
+def _round(x: float | None) -> float | None:
+    if x is None or x != x:
+        return None
+    return round(float(x), 4)

@@ -41,7 +41,9 @@ class _CppSchedulerMixin:
         scheduler, so this is where the workers can be profiled. The scheduler harness
         (tests/sched_harness), which has no workers, overrides this to load a given profile.
         """
-        run_startup(executor_for(vllm_config), self.cpp, vllm_config)
+        executor = executor_for(vllm_config)
+        self.cpp.use_executor(executor)
+        run_startup(executor, self.cpp, vllm_config)
 
     # *args/**kwargs: vLLM versions differ in what they pass (throttle_prefills, ...).
     def schedule(self, *args: Any, **kwargs: Any) -> Any:

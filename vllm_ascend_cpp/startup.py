@@ -51,9 +51,17 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
         manager.fail("no executor was registered for this engine (unsupported vLLM layout)")
         _fallback(cfg, manager, sweeps=0)
         return
+    fields = profile_cache.cache_key_fields(vllm_config, cfg, facts)
+    key = profile_cache.cache_key(fields)
+    cached = profile_cache.load(cfg.cache_dir, key)
+    sizes = manager.sample_sizes()
     try:
+        # Without a cached profile, one timed run at the largest size tells how long the
+        # sweep will take (it is the sweep's own warm-up size, so it costs nothing new).
         prep = executor.collective_rpc(
-            compat.WORKER_PREPARE, kwargs={"timing": bool(cfg.online_calibration)}
+            compat.WORKER_PREPARE,
+            kwargs={"timing": bool(cfg.online_calibration),
+                    "probe_tokens": int(sizes[0]) if cached is None else 0},
         )
         errors = [p["error"] for p in prep if isinstance(p, dict) and p.get("error")]
         if errors:
@@ -66,9 +74,6 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
     how = prep[0].get("dummy_run", "?") if prep else "?"
     sync = prep[0].get("sync", "?") if prep else "?"
 
-    fields = profile_cache.cache_key_fields(vllm_config, cfg, facts)
-    key = profile_cache.cache_key(fields)
-    cached = profile_cache.load(cfg.cache_dir, key)
     if cached is not None:
         try:
             manager.load_profile(cached["profile"])
@@ -81,18 +86,33 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
                 profile_cache.cache_path(cfg.cache_dir or "", key),
             )
     if cached is None:
-        sizes = manager.sample_sizes()
+        repeats = int(cfg.sample_repeats)
+        expected = expected_sweep_s(prep, sizes, repeats)
+        logger.info(
+            "[CPP] startup sweep: %d single-request prefills from %d down to %d tokens, "
+            "%d repeat(s) each, on %d worker(s) at once; expected about %s",
+            len(sizes), sizes[0], sizes[-1], repeats, len(prep),
+            f"{expected:.0f} s" if expected is not None else "(unknown)",
+        )
+        sweep_started = time.monotonic()
         manager.begin_profiling()
         try:
-            results = executor.collective_rpc(
-                compat.WORKER_SWEEP, args=(sizes, int(cfg.sample_repeats))
-            )
+            results = executor.collective_rpc(compat.WORKER_SWEEP, args=(sizes, repeats))
             latencies, stages = slowest_stage(list(results), len(sizes))
         except Exception as e:
             # One sweep, never retried: a worker that failed once would likely fail again.
-            manager.fail(f"startup sweep failed on a worker: {_short(e)}")
+            # Serving steps can still be timed, so online calibration may rescue the server.
+            logger.info("[CPP] startup sweep failed after %.1f s",
+                        time.monotonic() - sweep_started)
+            reason = f"startup sweep failed on a worker: {_short(e)}"
+            if _timers_installed(prep):
+                manager.start_rescue(reason)
+            else:
+                manager.fail(reason)
             _fallback(cfg, manager, sweeps=1)
             return
+        logger.info("[CPP] startup sweep done in %.1f s (total ms by worker: %s)",
+                    time.monotonic() - sweep_started, stages["total_ms_by_worker"])
         fit = manager.finish_profiling(sizes, latencies)
         if manager.report is not None:
             manager.report["sweep"] = {
@@ -101,6 +121,7 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
                 "workers": len(results),
                 "attempts": 1,
                 "seconds": round(time.monotonic() - started, 2),
+                "expected_seconds": round(expected, 1) if expected is not None else None,
                 **stages,
             }
         if not fit.ok:
@@ -126,6 +147,25 @@ def run_startup(executor: Any, runtime: Any, vllm_config: Any) -> None:
         )
 
 
+def expected_sweep_s(prep: list[Any], sizes: list[int], repeats: int) -> float | None:
+    """Seconds the sweep should take, from each worker's timed run at the largest size.
+
+    Assumes a sample's time grows linearly with its size (an overestimate where ``c``
+    dominates, an underestimate where attention does); the warm-up run adds one more.
+    """
+    probes = [p.get("probe_ms") for p in prep if isinstance(p, dict)]
+    probes = [float(p) for p in probes if isinstance(p, (int, float)) and p > 0]
+    if not probes or not sizes:
+        return None
+    top = float(sizes[0])
+    runs = sum(float(n) / top for n in sizes) * max(1, repeats) + 1.0
+    return max(probes) * runs / 1000.0
+
+
+def _timers_installed(prep: list[Any]) -> bool:
+    return bool(prep) and all(isinstance(p, dict) and p.get("timer") for p in prep)
+
+
 def _warm_up_fallback(executor: Any) -> None:
     try:
         executor.collective_rpc("execute_dummy_batch")
@@ -140,7 +180,8 @@ def _fallback(cfg: CppConfig, manager: Any, sweeps: int) -> None:
         manager.settings.base_chunk, manager.fallback_reason,
     )
     report = dict(manager.report or {})
-    report.update(state=manager.state.value, fallback_reason=manager.fallback_reason)
+    report.update(state=manager.state.value, fallback_reason=manager.fallback_reason,
+                  calibration=manager.calibration)
     report["sweep"] = {**report.get("sweep", {}), "attempts": sweeps}
     _write_report_json(cfg, report)
 

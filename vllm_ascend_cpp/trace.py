@@ -2,9 +2,12 @@
 
 Each line: step number, wall time, CPP state, the scheduled requests with `history` and
 `chunk`, the decode count, the planned budget and prefill cap, the predicted step time,
-when the step was timed, the measured forward time of the last pipeline stage, and (with
-online calibration) the refit attempts and consecutive failed fits so far; `preempted` lists
-the requests vLLM preempted for the step, when there were any.
+when the step was timed, `measured_ms` (the slowest stage's forward, the planning basis) and
+`stage_ms` (every pipeline stage's forward, stage 0 first; null where only the last stage's
+time is known), and (with online calibration) the refit attempts and consecutive failed fits
+so far; `event` (with `state_after`) on the step whose timing triggered a refit; `preempted`
+lists the requests vLLM preempted for the step, when there were any. Lines are written in step
+order; a timed step's line waits until its stage times are in (a few steps).
 """
 
 from __future__ import annotations
@@ -26,8 +29,13 @@ class TraceWriter:
         self.path = path
 
     def write_step(self, rec: Any, measured_ms: float | None, manager: Any) -> None:
-        if self._fh is None:
-            return
+        self.write_line(self.line_for(rec, measured_ms, manager))
+
+    def write_line(self, line: dict) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps(line) + "\n")
+
+    def line_for(self, rec: Any, measured_ms: float | None, manager: Any) -> dict:
         plan = rec.plan
         prefills = [
             {"id": rid, "history": h, "chunk": n} for rid, h, n, pre in rec.items if pre
@@ -55,7 +63,7 @@ class TraceWriter:
         if plan is None and manager.model is not None:
             pairs = [(h, n) for _, h, n, _ in rec.items]
             line["predicted_ms"] = _finite(manager.model.step_ms(pairs))
-        self._fh.write(json.dumps(line) + "\n")
+        return line
 
     def close(self) -> None:
         if self._fh is not None:

@@ -125,6 +125,30 @@ def test_online_calibration_reports_prediction_error(cpp_run: EngineRun) -> None
     assert median <= MAX_MEDIAN_PREDICTION_ERROR, f"median error {100 * median:.1f}%"
 
 
+def test_every_stage_is_timed_and_planning_uses_the_slowest(cpp_run: EngineRun) -> None:
+    """PP=2: each worker times its own forward of a marked step; the engine gets both
+    stages' times (trace `stage_ms`, stage 0 first) and plans on the slowest
+    (`measured_ms`, the value online calibration is fed)."""
+    timed = [line for line in cpp_run.trace() if line["measured_ms"] is not None]
+    assert len(timed) >= 10
+    staged = [line for line in timed if line.get("stage_ms")]
+    # Only the last few timed steps before shutdown may miss their stage times.
+    assert len(staged) >= len(timed) - 8, (len(staged), len(timed))
+    for line in staged:
+        stages = line["stage_ms"]
+        assert len(stages) == 2 and all(t is not None and t > 0 for t in stages), line
+        assert line["measured_ms"] == pytest.approx(max(stages), abs=1e-3), line
+    slower0 = sum(1 for line in staged if line["stage_ms"][0] > line["stage_ms"][1])
+    print(f"stage times on {len(staged)} timed steps: stage 0 slower on {slower0}, "
+          f"median stage0/stage1 = "
+          f"{statistics.median(s['stage_ms'][0] / s['stage_ms'][1] for s in staged):.3f}")
+    assert re.search(r"timing=all-stages", cpp_run.log)
+    assert re.search(r"\[CPP\] startup sweep: 64 single-request prefills from 2048 down to "
+                     r"32 tokens, 3 repeat\(s\) each, on 2 worker\(s\) at once; expected "
+                     r"about \d+ s", cpp_run.log)
+    assert re.search(r"\[CPP\] startup sweep done in [0-9.]+ s", cpp_run.log)
+
+
 def test_sweep_predicts_real_prefills(engine_root: Path) -> None:
     """The sweep times ONE request with attention: its fit predicts real single prefills.
 

@@ -41,6 +41,12 @@ CONCAVE_WARNING = r"pinned a \(the attention cost\) at 0.*negative a"
 CALIB_WARNING = r"online calibration gave up after 2 failed fits"
 CALIB_WINDOW = 16
 CALIB_MAX_FAILED = 2
+# Online refits after a give-up: one per this many new timed rows (OnlineCalibrator default).
+CALIB_REFIT_EVERY = 8
+RESCUE_WITHIN_STEPS = 200
+# A timed step's stage times reach the engine within this many steps (stage_times.py).
+STAGE_DELAY = 16
+RESCUE_WARNING = r"fit rejected: the timings are too noisy.*will turn dynamic chunking on"
 
 
 def _engine(workdir: Path, **cpp: object) -> dict:
@@ -61,6 +67,9 @@ SEQ_BATCH = {"lengths": SEQUENTIAL, "seed": 11, "max_tokens": TOKENS, "concurren
 # Many concurrent prefills of different lengths then decodes: varied step shapes, so online
 # refits actually run (and fail on the injected noise) instead of failing a shape gate.
 MIXED_BATCH = {"lengths": [200 + 97 * i for i in range(32)], "seed": 12, "max_tokens": 6}
+# Serving after a rejected sweep: prompts of many lengths with decodes, ~250 steps.
+RESCUE_BATCH = {"lengths": [150 + 211 * (i % 23) for i in range(60)], "seed": 13,
+                "max_tokens": 8}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +82,10 @@ def fault_runs(engine_root: Path) -> dict[str, EngineRun]:
     runs.append({"label": "sweep_concave", "env": {"VLLM_CPP_TEST_FAULT": "sweep_concave"},
                  "engine": _engine(root / "sweep_concave", online_calibration=False),
                  "batches": [SEQ_BATCH]})
+    # A noisy sweep, then serving: online calibration must rescue the server.
+    runs.append({"label": "sweep_noisy_rescue", "env": {"VLLM_CPP_TEST_FAULT": "sweep_noisy"},
+                 "engine": _engine(root / "sweep_noisy_rescue", num_samples=16),
+                 "batches": [RESCUE_BATCH]})
     # The sweep itself must pass here, so it gets more, repeated samples.
     runs.append({"label": "calib_noise", "env": {"VLLM_CPP_TEST_FAULT": "calib_noise"},
                  "engine": _engine(root / "calib_noise", num_samples=32, sample_repeats=3,
@@ -170,13 +183,17 @@ def test_calibration_that_never_passes_gives_up_once_and_retries_boundedly(
     trace = run.trace()
     states = [line["state"] for line in trace]
     assert states[0] == "calibrating"
-    # The line of the step whose timing made the last refit fail; the steps already in the
-    # pipeline were scheduled before it, so fixed-fallback starts within PP=2 lines.
-    gave_up = next(i for i, line in enumerate(trace) if line["failed_fits"] >= CALIB_MAX_FAILED)
+    # The line of the step whose timing made the last refit fail carries the event. The state
+    # changes once that step's stage times are in (fetched within STAGE_DELAY steps).
+    events = [i for i, line in enumerate(trace)
+              if (line.get("event") or {}).get("kind") == "gave_up"]
+    assert len(events) == 1
+    gave_up = events[0]
     assert trace[gave_up]["failed_fits"] == CALIB_MAX_FAILED
     assert trace[gave_up]["fit_attempts"] == CALIB_MAX_FAILED  # every refit failed
+    assert trace[gave_up]["state_after"] == "fixed-fallback"
     first_fallback = states.index("fixed-fallback")
-    assert gave_up < first_fallback <= gave_up + 2
+    assert gave_up < first_fallback <= gave_up + STAGE_DELAY
     # Once given up it never pretends to be calibrated again on noise.
     after = trace[first_fallback:]
     assert {line["state"] for line in after} == {"fixed-fallback"}
@@ -187,10 +204,43 @@ def test_calibration_that_never_passes_gives_up_once_and_retries_boundedly(
                  if any(int(r["id"].split("-")[0]) >= n_mixed for r in line["requests"])]
     assert seq_lines and all(line["state"] == "fixed-fallback" for line in seq_lines)
     assert_fixed_chunks(seq_lines, SEQUENTIAL)
-    # Bounded attempts: at most one refit per window of new timed steps after giving up.
+    # Bounded timing and attempts after giving up: one step in 16 timed, one refit per
+    # CALIB_REFIT_EVERY new timed steps (those already timed when it gave up count too).
     timed_after = sum(1 for line in after if line["measured_ms"] is not None)
-    attempts_after = trace[-1]["fit_attempts"] - trace[first_fallback]["fit_attempts"]
-    print(f"calib_noise: {trace[-1]['fit_attempts']} refit attempts in {len(trace)} steps, "
-          f"{attempts_after} after giving up over {timed_after} timed steps")
-    assert attempts_after <= timed_after // CALIB_WINDOW + 1
+    timed_since = sum(1 for line in trace[gave_up + 1:] if line["measured_ms"] is not None)
+    attempts_after = sum(1 for line in trace[gave_up + 1:] if line.get("event"))
+    print(f"calib_noise: {len(events)} give-up, {attempts_after} refits after it over "
+          f"{timed_since} timed steps; {timed_after} timed of {len(after)} fixed-fallback steps")
+    assert timed_after <= len(after) // 16 + 2
+    assert attempts_after <= timed_since // CALIB_REFIT_EVERY + 1
     assert re.search(r"at shutdown: state=fixed-fallback .*fit_attempts=\d+", run.log)
+
+
+def test_a_noisy_sweep_is_rescued_by_serving_steps(fault_runs: dict[str, EngineRun]) -> None:
+    run = fault_runs["sweep_noisy_rescue"]
+    assert_all_served(run, 0, RESCUE_BATCH["lengths"], RESCUE_BATCH["max_tokens"])
+    warnings = cpp_warnings(run)
+    print(f"sweep_noisy_rescue: {warnings}")
+    assert len(warnings) == 1 and re.search(RESCUE_WARNING, warnings[0]), warnings
+    report = run.report()
+    assert report["state"] == "fixed-fallback" and report["calibration"] == "rescue"
+    trace = run.trace()
+    assert trace[0]["state"] == "fixed-fallback"
+    rescued = [i for i, line in enumerate(trace)
+               if (line.get("event") or {}).get("kind") == "rescued"]
+    print(f"sweep_noisy_rescue: rescued at step {rescued[:1]} of {len(trace)}")
+    assert len(rescued) == 1 and rescued[0] < RESCUE_WITHIN_STEPS
+    assert trace[rescued[0]]["state_after"] == "calibrating"
+    assert re.search(r"\[CPP\] online calibration rescued the server: dynamic chunking is on",
+                     run.log)
+    # Dynamic from the step scheduled after the rescue's stage times came in, for good.
+    switch = next(i for i, line in enumerate(trace) if line["state"] == "calibrating")
+    assert rescued[0] < switch <= rescued[0] + STAGE_DELAY
+    assert switch < RESCUE_WITHIN_STEPS
+    after = [line for line in trace[switch:] if line["requests"]]
+    assert after and all(line["state"] == "calibrating" for line in after)
+    assert any(line["planned_budget"] is not None for line in after)
+    # Bounded timing before the rescue: one step in four.
+    before = trace[:rescued[0]]
+    assert sum(1 for line in before if line["measured_ms"] is not None) <= len(before) // 4 + 2
+    assert re.search(r"at shutdown: state=calibrating calibration=dynamic", run.log)

@@ -63,6 +63,23 @@ def test_cpp_ran_with_online_calibration(soak_run: tuple[EngineRun, dict]) -> No
     assert fig["fit_attempts"] is not None and fig["fit_attempts"] >= 1
 
 
+def test_calibration_converges_on_this_traffic(soak_run: tuple[EngineRun, dict]) -> None:
+    # Ordinary traffic must never make online calibration give up (the 300-request soak once
+    # ran 23% of its steps in fixed fallback), and the model it converges to must predict
+    # what the engine measures. Timed steps of the second half, slowest stage.
+    run, fig = soak_run
+    cal = fig["calibration"]
+    print(f"calibration: {cal}")
+    assert cal["give_ups"] == 0 and "online calibration gave up" not in run.log
+    assert cal["fallback_share"] is not None and cal["fallback_share"] <= 0.05
+    assert cal["accepted_fits"] >= 1
+    assert cal["timed_steps_second_half"] >= 20
+    assert cal["pred_error_median"] <= 0.10, cal
+    assert cal["pred_error_p90"] <= 0.25, cal
+    # Every stage timed: both stages' times on the timed steps.
+    assert cal["timed_steps_with_stage_times"] >= cal["timed_steps_second_half"]
+
+
 def test_engine_memory_does_not_grow(soak_run: tuple[EngineRun, dict]) -> None:
     run, fig = soak_run
     rss = fig["rss_mib"]

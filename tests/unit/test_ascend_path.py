@@ -156,13 +156,25 @@ def test_prepare_on_npu_worker_installs_a_timer_that_syncs_only_timed_steps(npu:
     worker = fk.make_worker(CppWorkerExtension, fk.FakeNPUModelRunner, log)
     reply = worker.cpp_prepare_worker(timing=True)
     assert reply == {"pp_rank": 0, "tp_rank": 0, "dummy_run": "profile_cpp",
-                     "sync": "torch.npu.synchronize", "timer": True}
+                     "sync": "torch.npu.synchronize", "timer": True, "probe_ms": None}
+    worker.cpp_stage_times()  # start from an empty ring
     before = device.synchronize_calls
     worker.execute_model(SimpleNamespace())  # not marked: runs exactly as without CPP
     assert device.synchronize_calls == before
-    worker.execute_model(SimpleNamespace(**{compat.TIME_STEP_ATTR: True}))
+    worker.execute_model(SimpleNamespace(**{compat.TIME_STEP_ATTR: 7}))
     assert device.synchronize_calls == before + 2
     assert log.kinds()[-3:] == ["npu.synchronize", "execute_model", "npu.synchronize"]
+    # Every worker keeps its own time of the marked step for the engine to fetch, once.
+    times = worker.cpp_stage_times()["times"]
+    assert [step for step, _ in times] == [7] and times[0][1] >= 0
+    assert worker.cpp_stage_times()["times"] == []
+
+
+def test_prepare_with_a_probe_times_one_run_of_that_size(npu: tuple) -> None:
+    worker = fk.make_worker(CppWorkerExtension, fk.FakeNPUModelRunner, npu[1])
+    reply = worker.cpp_prepare_worker(timing=False, probe_tokens=512)
+    assert reply["probe_ms"] is not None and reply["probe_ms"] >= 0
+    assert reply["timer"] is False
 
 
 @pytest.mark.parametrize(("runner_cls", "how"), [

@@ -162,7 +162,8 @@ def test_calibrator_give_up_and_reenable_drive_the_state():
     assert events.count("gave_up") == 1
     assert m.state is CppState.FIXED_FALLBACK and "gave up" in m.fallback_reason
     assert m.plan_step([Candidate("p", 0, 100000, True)], max_budget=8192).fallback
-    assert m.should_time_step()  # rows are needed to recover
+    # Rows are needed to recover, but after a give-up only one step in 16 is timed.
+    assert sum(m.should_time_step() for _ in range(64)) == 4
     # Timings agree with a model again: calibration comes back.
     for _ in range(100):
         items = [(int(rng.integers(0, 100000)), int(rng.integers(256, 8192)))]

@@ -116,6 +116,10 @@ class AutoTarget:
 
     # -- the lean forecast ----------------------------------------------------------------
 
+    def decode_cost(self, history: int, tokens: int) -> float:
+        """What one running decode adds to a step (without c)."""
+        return self._cost(int(history), int(tokens)) if self.ready else 0.0
+
     def _cost(self, L: int, x: int) -> float:
         return self.predictor.model.chunk_cost_ms(L, x)
 
@@ -129,16 +133,20 @@ class AutoTarget:
         return self.predictor.next_chunk(L, R, budget, t).chunk
 
     def forecast(self, prefills: Sequence[tuple[int, int]], budget: int, target_ms: float,
-                 floor_ms: float = 0.0, give_up_at: float = math.inf) -> tuple[float, int]:
+                 floor_ms: float = 0.0, give_up_at: float = math.inf,
+                 decodes: tuple[float, int] = (0.0, 0)) -> tuple[float, int]:
         """Mean predicted completion over the queue at ``target_ms``, and the step count.
 
-        ``floor_ms`` is the largest step already in flight. Returns ``(inf, steps)`` as soon as
-        the mean provably reaches ``give_up_at``.
+        ``floor_ms`` is the largest step already in flight. ``decodes`` is ``(cost without
+        c, tokens)`` of the decodes that ride in every coming step: the planner gives them
+        their share of the target and of the budget first, and the prefills the rest.
+        Returns ``(inf, steps)`` as soon as the mean provably reaches ``give_up_at``.
         """
-        t = float(target_ms)
-        budget = int(budget)
+        decode_ms, decode_tokens = float(decodes[0]), int(decodes[1])
+        t = float(target_ms) - decode_ms
+        budget = max(1, int(budget) - decode_tokens)
         align = self.predictor.alignment
-        c = self._c
+        c = self._c + decode_ms
         drain = self.stages - 1
         n = len(prefills)
         done_sum = 0.0
@@ -197,8 +205,10 @@ class AutoTarget:
     # -- the choice -----------------------------------------------------------------------
 
     def choose(self, prefills: Sequence[tuple[int, int]], budget: int,
-               floor_ms: float = 0.0) -> AutoChoice | None:
-        """The best target for this queue (walk order), or None when there is nothing to do."""
+               floor_ms: float = 0.0, decodes: tuple[float, int] = (0.0, 0)) -> AutoChoice | None:
+        """The best target for this queue (walk order), or None when there is nothing to do.
+
+        ``decodes`` is ``(cost without c, tokens)`` of the decodes riding in each step."""
         if not self.ready:
             return None
         queue = [(max(0, int(L)), int(R)) for L, R in list(prefills)[:MAX_QUEUE] if int(R) > 0]
@@ -206,15 +216,17 @@ class AutoTarget:
         if not queue or budget < 1:
             return None
         floor = float(floor_ms) if math.isfinite(floor_ms) and floor_ms > 0 else 0.0
+        dec_ms = float(decodes[0]) if math.isfinite(decodes[0]) and decodes[0] > 0 else 0.0
+        dec = (dec_ms, max(0, int(decodes[1])))
         key = (tuple((_bucket(L), _bucket(R)) for L, R in queue), budget,
-               _bucket(int(floor * 1000)))
+               _bucket(int(floor * 1000)), _bucket(int(dec_ms * 1000)), _bucket(dec[1]))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             self.cache_hits += 1
             return hit
         self.cache_misses += 1
-        choice = self._search(queue, budget, floor)
+        choice = self._search(queue, budget, floor, dec)
         self._cache[key] = choice
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -236,19 +248,22 @@ class AutoTarget:
             guess = low
         return low, high, guess, work
 
-    def _search(self, queue: list[tuple[int, int]], budget: int, floor: float) -> AutoChoice:
+    def _search(self, queue: list[tuple[int, int]], budget: int, floor: float,
+                dec: tuple[float, int] = (0.0, 0)) -> AutoChoice:
         base_t = self.base_target_ms
         low, high, guess, work = self._bounds(queue, budget)
+        # The grid is in prefill cost; the target also pays for the decodes riding along.
+        shift = dec[0]
         candidates: list[float] = []
         if math.isfinite(high) and high > 0:
             # Far below the closed-form guess only more steps are bought; cut the grid there
             # so that tiny targets do not make the forecast walk thousands of steps.
             lo = max(low, guess / 16.0, high * 1e-6, work / _MAX_STEPS)
             if not lo > 0 or lo >= high:
-                candidates.append(high)
+                candidates.append(high + shift)
             else:
                 ratio = (high / lo) ** (1.0 / (self.grid_points - 1))
-                candidates.extend(lo * ratio ** k for k in range(self.grid_points))
+                candidates.extend(lo * ratio ** k + shift for k in range(self.grid_points))
         usable_base = math.isfinite(base_t) and base_t > 0
         if usable_base:
             candidates.append(base_t)
@@ -256,16 +271,23 @@ class AutoTarget:
             return AutoChoice(base_t, math.nan, base_t, math.nan, 0, len(queue))
         if len(queue) > 1:
             # Queued work only fills the pipeline: never go below the head's own best.
-            alone = self.choose(queue[:1], budget, floor)
+            alone = self.choose(queue[:1], budget, floor, dec)
             if alone is not None and math.isfinite(alone.target_ms) and alone.target_ms > 0:
-                candidates = [t for t in candidates if t >= alone.target_ms]
-                candidates.append(alone.target_ms)
+                least = alone.target_ms
+                L, R = queue[0]
+                if R <= budget - dec[1]:
+                    # A head that fits in one step is as well off at its own cost as at any
+                    # larger target (the lone choice breaks that tie upwards): only the
+                    # queue behind it may argue for more.
+                    least = min(least, self._cost(L, R) + shift)
+                candidates = [t for t in candidates if t >= least]
+                candidates.append(least)
         scored: list[tuple[float, int, float]] = []
         best = math.inf
         # Largest first: few steps each, and a good ``best`` early lets the long forecasts of
         # small targets stop as soon as they cannot win.
         for t in sorted(set(candidates), reverse=True):
-            value, steps = self.forecast(queue, budget, t, floor, give_up_at=best)
+            value, steps = self.forecast(queue, budget, t, floor, give_up_at=best, decodes=dec)
             scored.append((value, steps, t))
             best = min(best, value)
         scored.sort(key=lambda s: s[2])
@@ -277,14 +299,15 @@ class AutoTarget:
                 step = (right / left) ** (1.0 / (self.refine_points + 1))
                 for k in range(1, self.refine_points + 1):
                     t = left * step ** k
-                    value, steps = self.forecast(queue, budget, t, floor, give_up_at=best)
+                    value, steps = self.forecast(queue, budget, t, floor, give_up_at=best,
+                                                 decodes=dec)
                     scored.append((value, steps, t))
                     best = min(best, value)
         value, steps, target = min(scored, key=lambda s: (s[0], -s[2]))
         base_value = math.nan
         if usable_base:
             base_value = next((v for v, _, t in scored if t == base_t), math.nan)
-        if len(queue) == 1 and floor == 0.0 and usable_base:
+        if len(queue) == 1 and floor == 0.0 and dec[1] == 0 and usable_base:
             # The lean forecast skips a few of the predictor's tail rules; for a lone prompt
             # the real plan decides, so auto can never predict worse than base.
             L, R = queue[0]
@@ -311,6 +334,7 @@ class AutoTargetTracker:
         self._queued_tokens = 0
         self._prev_ids: frozenset[str] = frozenset()
         self._busy_peak = 0.0
+        self._decodes: tuple[float, int] = (0.0, 0)
         self.choices_made = 0
 
     def target_for(self, candidates: Sequence[Candidate], max_budget: int,
@@ -320,15 +344,24 @@ class AutoTargetTracker:
                                                                         int(max_requests)))
         prefills: list[tuple[int, int]] = []
         ids: list[str] = []
+        decode_ms = 0.0
+        decode_tokens = 0
+        walking = True
         for i in range(limit):
             cand = candidates[i]
+            if not cand.is_prefill:
+                # Every running decode rides in the coming steps, including one whose token is
+                # still in the pipeline (it needs 0 tokens now, one a step later): with S
+                # stages each is in about one step of S.
+                share = 1.0 / self.auto.stages
+                decode_ms += share * self.auto.decode_cost(cand.history, max(1, cand.remaining))
+                decode_tokens += max(1, cand.remaining)
             if cand.remaining <= 0:
-                break  # the walk ends here (see step_planner.simulate)
-            if cand.is_prefill:
+                walking = False  # the walk ends here (see step_planner.simulate)
+            if walking and cand.is_prefill and len(prefills) < MAX_QUEUE:
                 prefills.append((cand.history, cand.remaining))
                 ids.append(cand.req_id)
-                if len(prefills) >= MAX_QUEUE:
-                    break
+        self._decodes = (decode_ms, decode_tokens)
         if not prefills:
             return self.target_ms
         head = ids[0]
@@ -343,7 +376,7 @@ class AutoTargetTracker:
             # largest step in flight still bounds everyone's drain.
             if head not in self._prev_ids:
                 self._busy_peak = 0.0
-        choice = self.auto.choose(prefills, max_budget, self._busy_peak)
+        choice = self.auto.choose(prefills, max_budget, self._busy_peak, self._decodes)
         self._remember(ids, len(prefills), queued)
         if choice is None or not math.isfinite(choice.target_ms) or choice.target_ms <= 0:
             return self.target_ms if same_head else None

@@ -3,14 +3,20 @@
 States::
 
     UNPROFILED --begin_profiling--> PROFILING --finish_profiling--> READY | CALIBRATING
-        |                                         \\--(fit rejected)--> FIXED_FALLBACK
+        |                                         \\--(fit rejected)--> FIXED_FALLBACK (rescue)
         \\--load_profile--> READY | CALIBRATING
+    UNPROFILED | PROFILING --start_rescue--> FIXED_FALLBACK (rescue)
     any --fail(reason)--> FIXED_FALLBACK (for good)
     CALIBRATING --calibrator gave up--> FIXED_FALLBACK --calibrator reenabled--> CALIBRATING
+    FIXED_FALLBACK (rescue) --an online fit passed--> CALIBRATING
 
 READY means a model is in use and online calibration is off; CALIBRATING means a model is in
-use and timed steps keep refining it. In every other state :meth:`plan_step` returns the
-fallback plan (vLLM's own budget, no cap), so scheduling never waits on this class.
+use and timed steps keep refining it. FIXED_FALLBACK has three flavours (:attr:`calibration`):
+``rescue`` (no usable startup fit; a quarter of the steps are timed until an online fit passes
+or calibration gives up), ``gave-up`` (one step in ``fallback_timing_period`` is timed, and a
+passing fit turns dynamic chunking back on) and ``off`` (for good: nothing is timed). In every
+state but READY and CALIBRATING :meth:`plan_step` returns the fallback plan (vLLM's own budget,
+no cap), so scheduling never waits on this class.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ PROFILE_VERSION = 1
 # Timing a step costs a device sync; once the model is trusted, one step in this many is
 # enough to notice drift.
 TIMING_PERIOD = 16
+# Rescue (no startup model): one step in this many is timed until an online fit passes.
+RESCUE_TIMING_PERIOD = 4
 # Recent prediction error above this keeps every step timed.
 TIMING_ERROR_THRESHOLD = 0.10
 _RECENT_ERRORS = 64
@@ -77,7 +85,8 @@ class ProfilingChunkManager:
         self._host_ms_in_use = 0.0
         self.calibrator: OnlineCalibrator | None = (
             OnlineCalibrator(window=settings.calibration_window,
-                             max_failed_fits=settings.max_failed_fits)
+                             max_failed_fits=settings.max_failed_fits,
+                             min_rows=min(12, settings.calibration_window))
             if settings.online_calibration else None)
         self.report: dict | None = None
         # The latest refit outcomes only: a server refits for days, memory must not grow.
@@ -114,11 +123,32 @@ class ProfilingChunkManager:
         self.fit = fit
         self.source = "sweep"
         if fit.ok and fit.model is not None:
+            if self.calibrator is not None:
+                self.calibrator.set_anchors(self._sizes, self._latencies)
             self._use_model(fit.model)
         else:
-            self._enter_fallback(f"startup profiling fit rejected: {fit.reason}")
+            self.start_rescue(f"startup profiling fit rejected: {fit.reason}")
         self._build_report()
         return fit
+
+    def start_rescue(self, reason: str) -> None:
+        """Serve with fixed chunks because no startup model exists, and let online calibration
+        turn dynamic chunking on once a fit of timed serving steps passes its gates (without
+        online calibration this is the plain fallback)."""
+        self._enter_fallback(reason)
+        if self.calibrator is not None and not self._failed_for_good:
+            self.fallback_reason += ("; online calibration will turn dynamic chunking on "
+                                     "once a fit of timed serving steps passes its gates")
+
+    @property
+    def calibration(self) -> str:
+        """``dynamic``, ``rescue``, ``gave-up`` or ``off`` (see the module docstring)."""
+        if self.state in (CppState.READY, CppState.CALIBRATING):
+            return "dynamic"
+        cal = self.calibrator
+        if self.state != CppState.FIXED_FALLBACK or cal is None or self._failed_for_good:
+            return "off"
+        return "gave-up" if cal.gave_up else "rescue"
 
     def load_profile(self, profile: Mapping) -> None:
         """Use a profile saved by :meth:`profile_dict` instead of sweeping.
@@ -144,6 +174,8 @@ class ProfilingChunkManager:
             raise ValueError(f"profile samples are malformed: {exc}") from exc
         self.fit = _fit_from_dict(profile.get("fit"), model)
         self.source = "cache"
+        if self.calibrator is not None and len(self._sizes) == len(self._latencies):
+            self.calibrator.set_anchors(self._sizes, self._latencies)
         self._use_model(model)
         self._build_report()
 
@@ -190,19 +222,21 @@ class ProfilingChunkManager:
         cal = self.calibrator
         if cal is None or self._failed_for_good:
             return None
-        # Rows are only worth collecting while a model is refined, or to recover after the
-        # calibrator gave up; a rejected startup sweep stays in fixed fallback.
-        recovering = self.state == CppState.FIXED_FALLBACK and cal.gave_up
-        if self.state != CppState.CALIBRATING and not recovering:
+        # Rows are collected while a model is refined, and in fixed fallback to rescue a
+        # server whose sweep gave no model or to recover after the calibrator gave up.
+        if self.state not in (CppState.CALIBRATING, CppState.FIXED_FALLBACK):
             return None
         cal.add(items, measured)
         event = cal.maybe_refit(self.model)
         if event is None:
             return None
         self.events.append(event)
-        if event.kind in ("accepted", "reenabled") and event.model is not None:
+        if event.kind in ("accepted", "reenabled", "rescued") and event.model is not None:
             self._use_model(event.model)
             self._errors.clear()
+            if event.kind != "accepted" and self.report is not None:
+                self.report["calibration"] = self.calibration
+                self.report["calibration_event"] = event.to_dict()
         elif event.kind == "gave_up":
             self._enter_fallback(f"online calibration gave up: {event.reason}")
         return event
@@ -210,18 +244,20 @@ class ProfilingChunkManager:
     def should_time_step(self) -> bool:
         """Whether to time the coming step (each call is one step).
 
-        Always while calibrating (window not yet full, or after a give-up) or while the recent
-        median prediction error is above 10%; otherwise one step in 16. Never when no model
-        is or could be in use.
+        Always while calibrating with a window not yet full, or while the recent median
+        prediction error is above 10%; otherwise one step in 16. In rescue one step in 4,
+        after a give-up one step in ``fallback_timing_period``. Never when no model is or could
+        be in use.
         """
         self._timing_calls += 1
         cal = self.calibrator
-        if self.state == CppState.FIXED_FALLBACK:
-            if self._failed_for_good or cal is None or not cal.gave_up:
-                return False
-            return True
-        if self.state not in (CppState.READY, CppState.CALIBRATING):
+        mode = self.calibration
+        if mode == "off":
             return False
+        if mode == "rescue":
+            return self._timing_calls % RESCUE_TIMING_PERIOD == 0
+        if mode == "gave-up":
+            return self._timing_calls % self.settings.fallback_timing_period == 0
         if self.state == CppState.CALIBRATING and cal is not None and cal.n_rows < cal.window:
             return True
         if self._errors and float(np.median(self._errors)) > TIMING_ERROR_THRESHOLD:
@@ -248,6 +284,7 @@ class ProfilingChunkManager:
         errors = list(self._errors)
         return {
             "state": self.state.value,
+            "calibration": self.calibration,
             "fallback_reason": self.fallback_reason,
             "model": self.model.to_dict() if self.model is not None else None,
             "target_ms": self.predictor.target_ms,
@@ -263,6 +300,8 @@ class ProfilingChunkManager:
             "accepted_fits": cal.accepted_fits if cal is not None else 0,
             "rejected_rows": cal.rejected_rows if cal is not None else 0,
             "calibration_rows": cal.n_rows if cal is not None else 0,
+            "anchor_rows": cal.n_anchors if cal is not None else 0,
+            "fit_basis": cal.basis if cal is not None else "",
         }
 
     # -- internals ------------------------------------------------------------------------
@@ -366,6 +405,7 @@ class ProfilingChunkManager:
                                    predictor=predictor, state=self.state,
                                    source=self.source, fallback_reason=self.fallback_reason)
         self.report["target_mode"] = self.settings.target_mode
+        self.report["calibration"] = self.calibration
         if auto is not None:
             self.report["auto_target"] = auto.to_dict()
 

@@ -96,6 +96,16 @@ def build_report(*, model: LatencyModel | None, fit: FitResult | None,
     }
 
 
+# What each calibration mode (ProfilingChunkManager.calibration) means for the operator.
+CALIBRATION_MODES = {
+    "dynamic": "dynamic chunking on",
+    "rescue": "fixed chunks; timing a share of steps until an online fit turns dynamic "
+              "chunking on",
+    "gave-up": "fixed chunks after online calibration gave up; timing a few steps to retry",
+    "off": "fixed chunks for good",
+}
+
+
 def _ms(value: Any, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "n/a"
@@ -128,6 +138,9 @@ def format_report(report: dict) -> str:
              f"state: {report.get('state', '?')})"]
     if report.get("fallback_reason"):
         lines.append(f"  fallback: {report['fallback_reason']}")
+    calibration = report.get("calibration")
+    if calibration in CALIBRATION_MODES:
+        lines.append(f"  calibration: {calibration} ({CALIBRATION_MODES[calibration]})")
     samples = report.get("samples") or []
     if samples:
         sizes = [s["size"] for s in samples if s["size"] is not None]

@@ -22,6 +22,8 @@ class CoreSettings:
     online_calibration: bool = True
     calibration_window: int = 256
     max_failed_fits: int = 8
+    # After calibration gave up, one step in this many is timed (a device sync each).
+    fallback_timing_period: int = 16
     pp_size: int = 2
     reference_prompt_len: int | None = None
     # "base": every step aims at the base chunk's cost; "auto": core/auto_target.py picks it.
@@ -29,7 +31,7 @@ class CoreSettings:
 
     def __post_init__(self) -> None:
         positive = ("base_chunk", "block_size", "num_samples", "calibration_window",
-                    "max_failed_fits", "pp_size")
+                    "max_failed_fits", "fallback_timing_period", "pp_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
