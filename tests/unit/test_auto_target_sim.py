@@ -6,7 +6,7 @@ The comparison is between two simulated runs, not a repeat of auto's own forecas
 
 What this checks is the measured state, not the issue's full bar: auto must not lose to base
 by more than MAX_LOSS on any case of the grid and must win on average. The bar "never worse
-than base" is NOT met everywhere: on this grid a few concurrency-4 cases lose up to ~6%
+than base" is NOT met everywhere: on this grid 6 of 64 cases lose up to 4.4%
 (see the report of issue 13); the forecast covers the current queue, the decodes riding in
 coming steps and the host time per step, but not the prompts that closed-loop clients will
 send while the queue drains.
