@@ -142,7 +142,6 @@ def test_every_stage_is_timed_and_planning_uses_the_slowest(cpp_run: EngineRun) 
     print(f"stage times on {len(staged)} timed steps: stage 0 slower on {slower0}, "
           f"median stage0/stage1 = "
           f"{statistics.median(s['stage_ms'][0] / s['stage_ms'][1] for s in staged):.3f}")
-    assert re.search(r"timing=all-stages", cpp_run.log)
     assert re.search(r"\[CPP\] startup sweep: 64 single-request prefills from 2048 down to "
                      r"32 tokens, 3 repeat\(s\) each, on 2 worker\(s\) at once; expected "
                      r"about \d+ s", cpp_run.log)

@@ -108,6 +108,8 @@ def test_a_timed_step_is_marked_and_its_measured_time_feeds_calibration(tmp_path
     assert rt.steps_timed == 1
     rt.finished(out, model_output(41.5))  # a second result for the same output: ignored
     assert len(fed) == 1
+    # No executor here: the last stage's time is every stage's, and the summary says so.
+    assert "calibration=dynamic timing=last-stage" in rt.summary_line()
     rt.close()
     line = json.loads((tmp_path / "trace.jsonl").read_text().splitlines()[0])
     assert line["measured_ms"] == 41.5
