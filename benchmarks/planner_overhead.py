@@ -8,6 +8,13 @@ base and the auto target. The prefill advances by the planned chunk every step a
 when done, so the auto target's re-choices (a new head, a new arrival) are part of the mix;
 their cost is also shown on its own ("auto, new head").
 
+With vLLM installed it also times the prefix-cache lookup (issue 12): ``CppRuntime.plan`` on a
+scheduler whose waiting requests (1, 64, 256) share cached prefixes in vLLM's real
+KVCacheManager, once with the lookup and once without. Each step the head of the queue is
+scheduled (its entry dropped) and a new request arrives (one new lookup), and the kept answers
+of the first 8 are re-checked (as in the engine); the first step, when every waiting request is
+looked up, is shown on its own.
+
     python benchmarks/planner_overhead.py
 Writes benchmarks/results/planner_overhead.json and planner_overhead.md.
 """
@@ -153,6 +160,93 @@ def search_cost(queue: int, repeats: int = 30) -> dict:
     return {"queue": queue, "best_us": us[0], "median_us": statistics.median(us)}
 
 
+LOOKUP_BLOCK = 16
+LOOKUP_PREFIX = 8192  # tokens of each of 4 shared system prompts / conversation histories
+LOOKUP_SUFFIX = 1024
+
+
+def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
+    """Per-step plan cost with waiting requests that hit vLLM's prefix cache (None without
+    vLLM)."""
+    try:
+        import torch
+        from vllm import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+        )
+        from vllm.v1.request import Request
+    except Exception:
+        return None
+    import random
+
+    from vllm_ascend_cpp import compat
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(LOOKUP_BLOCK, sha256)
+    spec = FullAttentionSpec(block_size=LOOKUP_BLOCK, num_kv_heads=1, head_size=8,
+                             dtype=torch.float32)
+    blocks = 4 * (LOOKUP_PREFIX + LOOKUP_SUFFIX) // LOOKUP_BLOCK + 64
+    manager = KVCacheManager(
+        KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[],
+                      kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)]),
+        max_model_len=LOOKUP_PREFIX + 2 * LOOKUP_SUFFIX, scheduler_block_size=LOOKUP_BLOCK,
+        hash_block_size=LOOKUP_BLOCK, enable_caching=True)
+    rng = random.Random(0)
+    prefixes = [[rng.randrange(1, 30000) for _ in range(LOOKUP_PREFIX)] for _ in range(4)]
+    params = SamplingParams(max_tokens=1)
+    made = 0
+
+    def new_request() -> Request:
+        nonlocal made
+        made += 1
+        tokens = prefixes[made % 4] + [rng.randrange(1, 30000) for _ in range(LOOKUP_SUFFIX)]
+        return Request(f"r{made}", tokens, params, None, block_hasher=hasher)
+
+    for _ in range(4):  # the shared prefixes are computed once and stay cached (freed)
+        req = new_request()
+        got, hit, _ = manager.get_computed_blocks(req)
+        manager.allocate_slots(req, req.num_tokens - hit, hit, got)
+        manager.free(req)
+    out: dict = {"waiting": n_waiting}
+    n_batches = max(1, steps // BATCH)
+    for label, use in (("without_lookup", False), ("with_lookup", True)):
+        rt = build_runtime(EngineSpec(stages=4, model=MODEL), Policy("cpp-base", BUDGET))
+        # Built before the clock starts: making a request (its tokens, its block hashes) is
+        # the front end's work, not the scheduler's.
+        arrivals = deque(new_request() for _ in range(n_batches * BATCH))
+        sched = Sched([], [new_request() for _ in range(n_waiting)])
+        sched.kv_cache_manager = manager
+        sched.max_num_running_reqs = 1024
+        if use:
+            rt.attach_prefix_cache(compat.prefix_cache_lookup(sched),
+                                   compat.prefix_cache_probe(sched))
+        t0 = time.perf_counter()
+        rt.plan(sched)
+        first = time.perf_counter() - t0
+        batches = []
+        for _ in range(n_batches):
+            t0 = time.perf_counter()
+            for _ in range(BATCH):
+                rt.plan(sched)
+                head = sched.waiting.popleft()  # scheduled: its entry goes
+                if rt.prefix_hits is not None:
+                    rt.prefix_hits.drop([head.request_id])
+                sched.waiting.append(arrivals.popleft())  # an arrival: one new lookup
+            batches.append((time.perf_counter() - t0) / BATCH)
+        us = sorted(t * 1e6 for t in batches)
+        out[label] = {"best_us": us[0], "median_us": statistics.median(us),
+                      "first_step_us": first * 1e6}
+        if rt.prefix_hits is not None:
+            out["lookups"] = rt.prefix_hits.lookups
+            out["steps"] = 1 + len(batches) * BATCH
+    return out
+
+
 def _fmt(v: float | None) -> str:
     return f"{v:.0f}" if v is not None else "n/a"
 
@@ -172,6 +266,18 @@ def main() -> int:
                   f"{row['median_us']:7.1f} us  new head best "
                   f"{row['new_head_best_us'] or float('nan'):8.1f} us  (candidates alone "
                   f"{row['candidates_best_us']:.1f} us)", flush=True)
+    lookups = []
+    for n in (1, 64, 256):
+        row = lookup_cost(n)
+        if row is None:
+            print("prefix-cache lookup: vLLM is not installed, skipped")
+            break
+        lookups.append(row)
+        w, wo = row["with_lookup"], row["without_lookup"]
+        print(f"prefix lookup, waiting={n:<4} with: best {w['best_us']:7.1f} us median "
+              f"{w['median_us']:7.1f} us first step {w['first_step_us']:8.1f} us | without: "
+              f"best {wo['best_us']:7.1f} us median {wo['median_us']:7.1f} us "
+              f"({row['lookups']} lookups in {row['steps']} steps)", flush=True)
     searches = [search_cost(q) for q in (1, 4, 16)]
     for r in searches:
         print(f"auto search on a cache miss, {r['queue']} queued 128K prefills: best "
@@ -184,7 +290,7 @@ def main() -> int:
             "budget": BUDGET, "prompt": PROMPT, "model": MODEL.to_dict(),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "cpus": os.cpu_count()}
-    payload = {**meta, "rows": rows, "auto_search": searches}
+    payload = {**meta, "rows": rows, "auto_search": searches, "prefix_lookup": lookups}
     out.with_suffix(".json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
     L = ["# Scheduler overhead per step (core planner + scheduler hook)", "",
          f"Made by `{command}` on {meta['machine']} (Python {meta['python']}, "
@@ -218,6 +324,23 @@ def main() -> int:
           "the queue's shape; the tracker reuses the target on every other step):", "",
           "| queued 128K prefills | best (us) | median (us) |", "|---|---|---|"]
     L += [f"| {r['queue']} | {r['best_us']:.0f} | {r['median_us']:.0f} |" for r in searches]
+    if lookups:
+        L += ["", "## With the prefix-cache lookup", "",
+              f"`CppRuntime.plan` with 1, 64 and 256 waiting requests of {LOOKUP_PREFIX} "
+              f"shared + {LOOKUP_SUFFIX} own tokens (4 shared prefixes cached in vLLM's real "
+              f"KVCacheManager, block size {LOOKUP_BLOCK}), base target, budget 16K. Every "
+              "step the head of the queue is scheduled and a new request arrives, so a step "
+              "makes one new lookup and reuses the cached answers of the others; 'first step' "
+              "is the step that looks every waiting request up (a burst of arrivals). "
+              "'without' is the same queue planned blind (no lookup).", "",
+              "| waiting | with: best (us/step) | with: median (us/step) | with: first step "
+              "(us) | without: best (us/step) | without: median (us/step) |",
+              "|---|---|---|---|---|---|"]
+        for r in lookups:
+            w, wo = r["with_lookup"], r["without_lookup"]
+            L.append(f"| {r['waiting']} | {w['best_us']:.1f} | {w['median_us']:.1f} | "
+                     f"{w['first_step_us']:.0f} | {wo['best_us']:.1f} | "
+                     f"{wo['median_us']:.1f} |")
     out.with_suffix(".md").write_text("\n".join(L) + "\n", encoding="utf-8")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
     return 0

@@ -422,14 +422,19 @@ def step_limits(scheduler: Any, token_budget: int, prefill_cap: int) -> Iterator
     old_cap = scheduler_config_value(sched_cfg, "long_prefill_token_threshold")
     has_adaptive = hasattr(scheduler, "adaptive_long_prefill_threshold")
     old_adaptive = scheduler.adaptive_long_prefill_threshold if has_adaptive else None
-    cap = combined_cap(int(prefill_cap), operator_prefill_cap(scheduler)) if prefill_cap > 0 else 0
-    scheduler.max_num_scheduled_tokens = min(int(token_budget), int(old_budget))
-    if cap > 0:
-        # object.__setattr__: pydantic dataclasses may validate assignment in some releases.
-        object.__setattr__(sched_cfg, "long_prefill_token_threshold", cap)
-        if has_adaptive:
-            scheduler.adaptive_long_prefill_threshold = False
+    # Every change is made inside the try: if one of them fails (a bad value, a renamed
+    # field), the ones already made are undone before the error leaves, so vLLM's own
+    # limits are intact for the step the caller then runs without us.
     try:
+        cap = (combined_cap(int(prefill_cap), operator_prefill_cap(scheduler))
+               if prefill_cap > 0 else 0)
+        scheduler.max_num_scheduled_tokens = min(int(token_budget), int(old_budget))
+        if cap > 0:
+            # object.__setattr__: pydantic dataclasses may validate assignment in some
+            # releases.
+            object.__setattr__(sched_cfg, "long_prefill_token_threshold", cap)
+            if has_adaptive:
+                scheduler.adaptive_long_prefill_threshold = False
         yield
     finally:
         scheduler.max_num_scheduled_tokens = old_budget
@@ -538,6 +543,103 @@ def running_work(scheduler: Any) -> list[tuple[str, int, int, bool]]:
         if room > 0:
             out.append((r.request_id, computed, min(need, room), is_prefill))
     return out
+
+
+def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
+    """A function giving the prefix a waiting request will find in the local prefix cache, in
+    tokens, exactly as vLLM's schedule() will count it; None when there is nothing to find
+    (prefix caching off) or this vLLM has no surface we know.
+
+    Why it asks the coordinator (`kv_cache_manager.coordinator.find_longest_cache_hit`) and
+    not `KVCacheManager.get_computed_blocks` (as read in vLLM 0.32):
+    - the coordinator's lookup only reads: each single-type manager walks the request's block
+      hashes through `BlockPool.get_cached_block`, a dict lookup. It never calls
+      `BlockPool.touch` (the call that raises reference counts and takes blocks off the free
+      queue, i.e. changes eviction order) nor the metrics collector; the block lists it
+      returns are new lists it alone holds.
+    - prefix-cache hit statistics are recorded by schedule() itself
+      (`record_prefix_cache_stats` in 0.32; older releases counted them inside
+      `get_computed_blocks`), never by the coordinator.
+    - `get_computed_blocks` may emit `BlockStored` KV events for the hit (0.32, when KV events
+      are on and the request's `kv_cache_report_mode` is "full"): asking it would announce a
+      hit twice. The coordinator emits nothing.
+    vLLM's own rules are kept by calling the same coordinator with the same limit: the last
+    prompt token is always recomputed (limit `num_tokens - 1`); EAGLE/MTP drop the last matched
+    block, hybrid models reconcile their groups, DCP/PCP widen the block, all inside the
+    coordinator. A request that opts out of reading the cache (`skip_reading_prefix_cache`:
+    prompt logprobs, all-token pooling) finds nothing. A hit no longer than a sliding-window
+    replay window (0.32, DSV4-style SWA replay) is dropped and a longer one rewound by it, as
+    schedule() does.
+    KV-connector hits (`connector.get_num_new_matched_tokens`) are not seen: connectors may
+    start a remote lookup or reserve a transfer when asked, so asking before schedule() is
+    not free of side effects; such a request is planned at its local hit.
+    """
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    coordinator = getattr(manager, "coordinator", None)
+    find = getattr(coordinator, "find_longest_cache_hit", None)
+    if manager is None or find is None or not getattr(manager, "enable_caching", False):
+        return None
+    enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
+    replay = int(getattr(scheduler, "prefix_replay_tokens", 0) or 0)
+
+    def lookup(request: Any) -> int:
+        if enabled is not None:
+            if not enabled(request):
+                return 0
+        elif getattr(request, "skip_reading_prefix_cache", False):
+            return 0
+        # 0.32 returns (blocks, hit, uncached shared prefix); older releases (blocks, hit).
+        hit = int(find(request.block_hashes, int(request.num_tokens) - 1)[1])
+        if replay:
+            hit = 0 if hit <= replay else hit - replay
+        return hit
+
+    return lookup
+
+
+def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], bool] | None:
+    """A check that a request's earlier lookup still holds, in at most two hash-table reads;
+    None where no such check is known (then the earlier answer is kept until the request is
+    scheduled).
+
+    Only for a model with one full-attention KV cache group, no EAGLE/MTP drop, no context
+    parallelism and no replay window (the common dense model), where vLLM's hit is a run of
+    whole cached blocks from the start: the answer is stale when the run's last block left
+    the cache (evicted) or the block after it arrived (another request cached more of a shared
+    prefix). vLLM frees a request's blocks tail first, so eviction shortens a run from its end.
+    `BlockPool.get_cached_block` only reads, as in `prefix_cache_lookup`.
+    """
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    coordinator = getattr(manager, "coordinator", None)
+    if type(coordinator).__name__ != "UnitaryKVCacheCoordinator":
+        return None
+    managers = getattr(coordinator, "single_type_managers", ())
+    if len(managers) != 1 or type(managers[0]).__name__ != "FullAttentionManager":
+        return None
+    if getattr(coordinator, "eagle_group_ids", None) or getattr(scheduler,
+                                                                "prefix_replay_tokens", 0):
+        return None
+    pool = coordinator.block_pool
+    block = int(coordinator.block_size)
+    if int(getattr(pool, "hash_block_size", block)) != block:
+        return None
+    cached = pool.get_cached_block
+    group = [0]
+
+    def still(request: Any, hit: int) -> bool:
+        n = hit // block
+        hashes = request.block_hashes
+        if n and cached(hashes[n - 1], group) is None:
+            return False
+        limit = min((int(request.num_tokens) - 1) // block, len(hashes))
+        return not (n < limit and cached(hashes[n], group) is not None)
+
+    return still
+
+
+def finished_request_ids(scheduler_output: Any) -> Iterable[str]:
+    """Requests that finished or were aborted since the previous step."""
+    return getattr(scheduler_output, "finished_req_ids", None) or ()
 
 
 def admission_limit(scheduler: Any) -> int:

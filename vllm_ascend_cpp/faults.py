@@ -14,6 +14,12 @@ Documented as a testing hook (docs/troubleshooting.md); operators never set it. 
 - `sweep_concave`: latencies rise ever more slowly with the chunk, so an unconstrained
   quadratic fit has a negative `a` (the constrained fit pins `a` at 0).
 - `calib_noise`: measured step times become random, so no online fit passes its gates.
+- `hot_plan`, `hot_record`, `hot_calibration`, `hot_trace`, `hot_summary`, `hot_stages`: the
+  scheduler hook's per-step work raises at that point (planning; recording what vLLM
+  scheduled; feeding a timed step to calibration; writing the trace line; the periodic
+  summary; pairing timed steps with their per-stage times). With
+  `VLLM_CPP_TEST_FAULT_LIMIT=N` (read when the fault fires) it raises only its first N times
+  in the process.
 """
 
 from __future__ import annotations
@@ -27,7 +33,15 @@ ENV = "VLLM_CPP_TEST_FAULT"
 KNOWN = (
     "sweep_raise", "sweep_nan", "sweep_inf", "sweep_zero", "sweep_negative",
     "sweep_flat", "sweep_noisy", "sweep_falling", "sweep_concave", "calib_noise",
+    "hot_plan", "hot_record", "hot_calibration", "hot_trace", "hot_summary",
+    "hot_stages",
 )
+LIMIT_ENV = "VLLM_CPP_TEST_FAULT_LIMIT"
+_hot_raised: dict[str, int] = {}
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the hot-path faults."""
 
 
 @functools.cache
@@ -71,3 +85,16 @@ def step_ms_filter() -> Callable[[float], float] | None:
     if active() == "calib_noise":
         return lambda ms: random.uniform(0.1, 10.0) * ms
     return None
+
+
+def hot_path(point: str) -> None:
+    """Raise at a per-step point of the scheduler hook when `hot_<point>` is injected."""
+    fault = active()
+    if fault is None or fault != f"hot_{point}":
+        return
+    limit = os.environ.get(LIMIT_ENV, "").strip()
+    done = _hot_raised.get(fault, 0)
+    if limit and done >= int(limit):
+        return
+    _hot_raised[fault] = done + 1
+    raise InjectedFault(f"injected fault {ENV}={fault}")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_ascend_cpp import compat
+from vllm_ascend_cpp import compat, faults
 from vllm_ascend_cpp.config import CppConfig, EngineFacts, default_min_chunk
 from vllm_ascend_cpp.core import (
     Candidate,
@@ -26,6 +26,7 @@ from vllm_ascend_cpp.core import (
     simulate,
 )
 from vllm_ascend_cpp.log import logger
+from vllm_ascend_cpp.prefix_hits import PrefixHits
 from vllm_ascend_cpp.stage_times import StageTimes
 from vllm_ascend_cpp.trace import TraceWriter
 
@@ -51,6 +52,27 @@ class BenchPolicy:
     budget: int
 
 
+def plan_difference(
+    plan: StepPlan, items: list[tuple[str, int, int, bool]], preempted: tuple[str, ...]
+) -> str | None:
+    """None when vLLM scheduled exactly the planned requests and tokens, else why not (as far
+    as the step shows it): it preempted requests (KV cache full), left a planned request out,
+    scheduled one the plan did not have, or gave a request other tokens than planned."""
+    planned = {i.req_id: i.tokens for i in plan.items}
+    actual = {rid: n for rid, _, n, _ in items}
+    if planned == actual:
+        return None
+    if preempted:
+        return "preempted"
+    if any(rid not in actual for rid in planned):
+        return "planned request not scheduled"
+    if any(rid not in planned for rid in actual):
+        return "unplanned request scheduled"
+    if any(actual[rid] < n for rid, n in planned.items()):
+        return "fewer tokens than planned"
+    return "more tokens than planned"
+
+
 @dataclass
 class StepRecord:
     step: int
@@ -60,6 +82,9 @@ class StepRecord:
     state: str
     preempted: tuple[str, ...] = ()  # requests vLLM preempted (KV cache full) for this step
     scheduled_at: float = 0.0  # time.monotonic() when vLLM's schedule() returned it
+    # None without a plan; else whether vLLM scheduled exactly the plan, and if not, why.
+    matched: bool | None = None
+    mismatch: str | None = None
 
 
 def scheduled_items(requests: Mapping[str, Any],
@@ -120,10 +145,20 @@ class CppRuntime:
         self.stages = StageTimes(None, 1)
         # Trace lines in step order: [line, ready]; a timed step's line waits for its stages.
         self._held: deque[list] = deque()
+        self.prefix_hits: PrefixHits | None = None
 
     def use_executor(self, executor: Any) -> None:
         """Fetch every stage's step times through this executor (see stage_times.py)."""
         self.stages = StageTimes(executor, self.facts.pp_size * self.facts.tp_size)
+
+    def attach_prefix_cache(self, lookup: Any, probe: Any = None) -> None:
+        """Use vLLM's prefix cache when planning (`compat.prefix_cache_lookup` and
+        `compat.prefix_cache_probe` functions)."""
+        self.prefix_hits = PrefixHits(lookup, probe) if lookup is not None else None
+
+    def prefix_cache_reset(self) -> None:
+        if self.prefix_hits is not None:
+            self.prefix_hits.clear()
 
     # ----- before and after vLLM's schedule() --------------------------------------------
 
@@ -185,6 +220,7 @@ class CppRuntime:
         fixed = self.cfg.target == "fixed" and self.bench_policy is None
         if not self.active or fixed:
             return None
+        faults.hot_path("plan")
         candidates = self.candidates(scheduler)
         if not any(c.is_prefill for c in candidates):
             return None  # decode-only steps: nothing to size, keep vLLM's budget
@@ -196,7 +232,7 @@ class CppRuntime:
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
         waiting = compat.waiting_requests(scheduler, compat.admission_slots(scheduler))
-        work = compat.running_work(scheduler) + compat.pending_work(waiting)
+        work = compat.running_work(scheduler) + self._waiting_work(waiting)
         cap = compat.operator_prefill_cap(scheduler)
         if cap > 0:
             # vLLM holds every request to the operator's cap whatever we plan: seen through
@@ -205,18 +241,58 @@ class CppRuntime:
         make = Candidate._make
         return [make(t) for t in work]
 
+    def _waiting_work(self, waiting: list[Any]) -> list[tuple[str, int, int, bool]]:
+        """Waiting requests' work, each starting after the prefix vLLM will find cached.
+
+        Only requests this step's budget can reach are looked up (and their kept answers
+        re-checked): once the work of the requests before covers the largest budget, vLLM's
+        walk cannot get further this step, and a request further back is looked up when it
+        moves up. A burst of arrivals thus costs lookups only as the queue drains.
+        """
+        work = compat.pending_work(waiting)
+        hits = self.prefix_hits
+        if hits is None or not work:
+            return work
+        if len(work) == len(waiting):
+            pairs: Any = zip(waiting, work)  # pending_work kept every request, in order
+        else:
+            by_id = {r.request_id: r for r in waiting}
+            pairs = ((by_id[item[0]], item) for item in work)
+        hit_of = hits.hit
+        reach = self.max_budget
+        covered = 0
+        out = []
+        for req, item in pairs:
+            # vLLM looks the cache up only for a request with nothing computed yet.
+            if item[1] == 0 and covered < reach:
+                hit = hit_of(req, True)
+                if hit:
+                    item = (item[0], hit, item[2] - hit, hit < req.num_prompt_tokens)
+            covered += item[2]
+            out.append(item)
+        return out
+
     def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> StepRecord | None:
         """Record what vLLM actually scheduled; mark the step for timing when sampled.
 
-        Returns the step's record (None for a step without requests)."""
+        Returns the step's record (None for a step without requests: the guard's sign that
+        there was no work to do)."""
+        faults.hot_path("record")
         self._step += 1
+        hits = self.prefix_hits
+        if hits is not None:
+            hits.drop(output.num_scheduled_tokens)
+            hits.drop(compat.finished_request_ids(output))
         items = scheduled_items(scheduler.requests, output.num_scheduled_tokens)
         if not items:
             return None
+        preempted = compat.preempted_request_ids(output)
+        matched: bool | None = None
+        mismatch: str | None = None
         if plan is not None:
-            planned = {i.req_id: i.tokens for i in plan.items}
-            actual = {rid: n for rid, _, n, _ in items}
-            if planned != actual:
+            mismatch = plan_difference(plan, items, preempted)
+            matched = mismatch is None
+            if not matched:
                 # vLLM had its reasons (KV blocks, encoder budget, ...); the trace shows both.
                 self.plan_mismatches += 1
         timed = self.manager.should_time_step()
@@ -225,18 +301,19 @@ class CppRuntime:
             setattr(output, compat.TIME_STEP_ATTR, self._step)
         rec = StepRecord(
             self._step, items, plan, timed, self.manager.state.value,
-            compat.preempted_request_ids(output), time.monotonic(),
+            preempted, time.monotonic(), matched, mismatch,
         )
         self._pending[id(output)] = rec
         while len(self._pending) > self._pending_cap:
             del self._pending[next(iter(self._pending))]
         return rec
 
-    def finished(self, output: Any, model_output: Any) -> None:
-        """The step's result is back: feed calibration, write the trace, maybe log."""
+    def finished(self, output: Any, model_output: Any) -> bool | None:
+        """The step's result is back: feed calibration, write the trace, maybe log.
+        True when there was a recorded step to finish."""
         rec = self._pending.pop(id(output), None)
         if rec is None:
-            return
+            return None
         last_ms = compat.read_step_ms(model_output) if rec.timed else None
         self._host_gap(rec, last_ms)
         line = self.trace.line_for(rec, last_ms, self.manager) if self.trace is not None \
@@ -246,30 +323,44 @@ class CppRuntime:
             self._held.append(entry)
         if rec.timed:
             self.stages.submit(rec.step, (rec, entry), last_ms)
+        faults.hot_path("stages")
         self.stages.poll(self._resolve, self._step)
         self._write_ready()
         self._maybe_summary()
+        return True
 
     def _resolve(self, payload: Any, last_ms: float | None,
                  stage_ms: list[float] | None) -> None:
         """A timed step with its stage times (or the last stage's alone): plan on the slowest."""
         rec, entry = payload
+        try:
+            self._resolve_step(rec, entry[0], last_ms, stage_ms)
+        finally:
+            # Also when calibration failed (the guard above counts it): the line is written
+            # with what is known instead of holding back every later line.
+            entry[1] = True
+
+    def _resolve_step(self, rec: StepRecord, line: dict | None, last_ms: float | None,
+                      stage_ms: list[float] | None) -> None:
         known = [t for t in (stage_ms or []) if t is not None]
         if last_ms is not None:
             known.append(last_ms)
         measured = max(known) if known else None
+        if line is not None:
+            line["measured_ms"] = _round(measured)
+            line["stage_ms"] = [_round(t) for t in stage_ms] if stage_ms else None
         event = None
         if measured is not None:
             self.steps_timed += 1
             pairs = [(h, n) for _, h, n, _ in rec.items]
-            predicted = rec.plan.predicted_ms if rec.plan is not None else None
+            # The plan's prediction only when vLLM ran the plan; otherwise None makes the
+            # manager predict the items that actually ran with its current model.
+            predicted = rec.plan.predicted_ms if rec.matched else None
+            faults.hot_path("calibration")
             event = self.manager.record_step(pairs, measured, predicted)
             if event is not None:
                 self._log_event(event)
-        line = entry[0]
         if line is not None:
-            line["measured_ms"] = _round(measured)
-            line["stage_ms"] = [_round(t) for t in stage_ms] if stage_ms else None
             cal = self.manager.calibrator
             if cal is not None and measured is not None:
                 # The counts right after this step's row went in, not when its line was built.
@@ -279,10 +370,11 @@ class CppRuntime:
                 line["event"] = {"kind": event.kind, "reason": event.reason}
                 line["state"] = rec.state
                 line["state_after"] = self.manager.state.value
-        entry[1] = True
 
     def _write_ready(self) -> None:
         held = self._held
+        if self.trace is not None and held and held[0][1]:
+            faults.hot_path("trace")
         while held and (held[0][1] or len(held) > _MAX_HELD_LINES):
             line, _ = held.popleft()
             if self.trace is not None and line is not None:
@@ -325,6 +417,7 @@ class CppRuntime:
             )
 
     def _maybe_summary(self) -> None:
+        faults.hot_path("summary")
         now = time.monotonic()
         if now - self._last_summary < self.cfg.log_interval_s:
             return

@@ -4,10 +4,16 @@ Before delegating to vLLM's `schedule()`, it sets the step's token budget and pr
 the core step planner (which walks the queues in the order vLLM will); afterwards it records
 what vLLM actually scheduled. `update_from_output` feeds the measured step time back. Every
 decision lives in `core/`, every vLLM detail in `compat`.
+
+Every call into CPP's per-step code goes through a `HotPathGuard` (see guard.py): a failure
+there costs that step its dynamic sizing (vLLM's own limits apply), never a request; vLLM's own
+`schedule()` and `update_from_output()` run outside the guard, so their exceptions reach the
+engine unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -15,6 +21,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_ascend_cpp import compat
 from vllm_ascend_cpp.config import cpp_config_from_additional, validate_for_engine
+from vllm_ascend_cpp.guard import HotPathGuard
 from vllm_ascend_cpp.patch.executor import executor_for
 from vllm_ascend_cpp.runtime import CppRuntime
 from vllm_ascend_cpp.startup import run_startup
@@ -22,6 +29,7 @@ from vllm_ascend_cpp.startup import run_startup
 
 class _CppSchedulerMixin:
     cpp: CppRuntime
+    cpp_guard: HotPathGuard
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -32,6 +40,9 @@ class _CppSchedulerMixin:
         resolved, facts = validate_for_engine(cfg, vllm_config)
         self.cpp = CppRuntime(resolved, facts)
         self.cpp.max_budget = compat.step_token_limit(self)
+        self.cpp.attach_prefix_cache(compat.prefix_cache_lookup(self),
+                                     compat.prefix_cache_probe(self))
+        self.cpp_guard = HotPathGuard()
         self.start_cpp(vllm_config)
 
     def start_cpp(self, vllm_config: Any) -> None:
@@ -47,24 +58,45 @@ class _CppSchedulerMixin:
 
     # *args/**kwargs: vLLM versions differ in what they pass (throttle_prefills, ...).
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        plan = self.cpp.plan(self)
-        if plan is None:
+        guard = self.cpp_guard
+        if guard.disabled:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        _, plan = guard.run("planning", self.cpp.plan, self)
+        with contextlib.ExitStack() as limits:
+            if plan is not None:
+                # Setting the limits is ours; step_limits undoes a half-made change itself.
+                ok, _ = guard.run("setting the step limits", _enter, limits,
+                                  compat.step_limits(self, plan.token_budget, plan.prefill_cap))
+                if not ok:
+                    plan = None
             output = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        else:
-            with compat.step_limits(self, plan.token_budget, plan.prefill_cap):
-                output = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        self.cpp.scheduled(self, output, plan)
+        guard.run("recording the step", self.cpp.scheduled, self, output, plan)
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        self.cpp.finished(scheduler_output, model_runner_output)
+        guard = self.cpp_guard
+        if not guard.disabled:
+            guard.run("recording the step result", self.cpp.finished,
+                      scheduler_output, model_runner_output)
         return super().update_from_output(  # type: ignore[misc]
             scheduler_output, model_runner_output
         )
 
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        done = super().reset_prefix_cache(*args, **kwargs)  # type: ignore[misc]
+        # Also on a failed reset: part of what was cached may be gone; looking up again is
+        # always right.
+        self.cpp.prefix_cache_reset()
+        return done
+
     def shutdown(self) -> None:
-        self.cpp.close()
+        self.cpp_guard.run("the shutdown summary", self.cpp.close)
         super().shutdown()  # type: ignore[misc]
+
+
+def _enter(stack: contextlib.ExitStack, limits: Any) -> bool:
+    stack.enter_context(limits)
+    return True
 
 
 class CppScheduler(_CppSchedulerMixin, Scheduler):

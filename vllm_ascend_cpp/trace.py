@@ -6,8 +6,11 @@ when the step was timed, `measured_ms` (the slowest stage's forward, the plannin
 `stage_ms` (every pipeline stage's forward, stage 0 first; null where only the last stage's
 time is known), and (with online calibration) the refit attempts and consecutive failed fits
 so far; `event` (with `state_after`) on the step whose timing triggered a refit; `preempted`
-lists the requests vLLM preempted for the step, when there were any. Lines are written in step
-order; a timed step's line waits until its stage times are in (a few steps).
+lists the requests vLLM preempted for the step, when there were any. `plan_matched` says whether
+vLLM scheduled exactly the planned requests and tokens (null on steps CPP did not plan); on a
+mismatch `mismatch` gives the reason as far as the step shows it, `predicted_ms` is the model's
+prediction for what actually ran, and `plan_predicted_ms` the plan's own. Lines are written in
+step order; a timed step's line waits until its stage times are in (a few steps).
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class TraceWriter:
             "predicted_ms": _finite(plan.predicted_ms) if plan is not None else None,
             "measured_ms": _finite(measured_ms),
         }
+        matched = getattr(rec, "matched", None)
+        line["plan_matched"] = matched
+        if matched is False:
+            line["mismatch"] = rec.mismatch
+            line["plan_predicted_ms"] = line["predicted_ms"]
         if getattr(rec, "preempted", ()):
             # Preempted requests are recomputed later, often from a prefix-cache hit.
             line["preempted"] = list(rec.preempted)
@@ -60,7 +68,7 @@ class TraceWriter:
             # Refit attempts and consecutive failures so far: bounded retries are visible.
             line["fit_attempts"] = cal.attempts
             line["failed_fits"] = cal.failed_fits
-        if plan is None and manager.model is not None:
+        if (plan is None or matched is False) and manager.model is not None:
             pairs = [(h, n) for _, h, n, _ in rec.items]
             line["predicted_ms"] = _finite(manager.model.step_ms(pairs))
         return line

@@ -12,7 +12,10 @@ tests, and vLLM's spawn rules are met (this file has the `__main__` guard). SPEC
   per-request arrival times and aborts).
 - batches: a list of {"lengths", "seed", "max_tokens" (an int or one per request),
   "prompt_logprobs", "concurrent", "shared_prefix" (the first N tokens are the same in every
-  prompt of the batch, and of every batch with the same "prefix_seed": prefix-cache hits)}.
+  prompt of the batch, and of every batch with the same "prefix_seed": prefix-cache hits),
+  "env" (sync driver: environment set for this batch only; it reaches the scheduler when the
+  engine core runs in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0)}. A line
+  "=== engine_job batch K" goes to the log before batch K (sync driver).
   With driver "async" also "arrivals" (seconds after the batch starts, one per request) and
   "abort_mid_prefill" (indices of requests to abort once the trace shows their first prefill
   chunk; needs cpp_config.trace_file).
@@ -118,6 +121,20 @@ def rss_snapshot(label: str) -> dict:
 
 
 def _sync_batch(llm: Any, batch: dict) -> dict:
+    from vllm_ascend_cpp import faults
+
+    saved = dict(os.environ)
+    os.environ.update({k: str(v) for k, v in batch.get("env", {}).items()})
+    faults.active.cache_clear()  # read once per process, and this process's env changed
+    try:
+        return _sync_batch_in_env(llm, batch)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        faults.active.cache_clear()
+
+
+def _sync_batch_in_env(llm: Any, batch: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     prompts = _prompts(batch)
@@ -157,6 +174,7 @@ def run_sync(spec: dict, result: dict, result_path: str) -> int:
     result["startup_s"] = time.perf_counter() - t0
     result["rss"] = [rss_snapshot("start")]
     for i, batch in enumerate(spec.get("batches", [])):
+        print(f"{BATCH_MARKER} {i}", flush=True)
         result["batches"].append(_sync_batch(llm, batch))
         result["rss"].append(rss_snapshot(f"batch{i}"))
     harness.shutdown(llm)
@@ -297,6 +315,7 @@ def run_many(spec: dict, result_path: str) -> int:
 
 
 RUN_MARKER = "=== engine_job run"
+BATCH_MARKER = "=== engine_job batch"
 
 
 def main() -> int:

@@ -83,6 +83,21 @@ def test_long_prompt_chunks_shrink_sum_and_align(cpp_run: EngineRun) -> None:
     assert sizes[-2] < sizes[0], "chunks did not shrink at all"
 
 
+def test_single_request_steps_ran_as_planned(cpp_run: EngineRun) -> None:
+    # Batch 0 (one prompt) and batch 2 (three prompts one at a time) never have two requests
+    # in a step: vLLM must schedule exactly the plan there (plan_mismatches counts 0 of them).
+    trace = cpp_run.trace()
+    ids: list[str] = []
+    for line in trace:
+        ids += [r["id"] for r in line["requests"] if r["id"] not in ids]
+    single = {ids[0], *ids[-3:]}
+    assert len(ids) == 1 + len(MIXED_LENGTHS) + 3
+    lines = [ln for ln in trace if {r["id"] for r in ln["requests"]} & single]
+    assert all(len(ln["requests"]) == 1 for ln in lines)
+    assert sum(ln["plan_matched"] is True for ln in lines) >= 10
+    assert [ln for ln in lines if ln["plan_matched"] is False] == []
+
+
 def test_startup_report_and_profile_json(cpp_run: EngineRun) -> None:
     report = cpp_run.report()
     assert len(report["samples"]) == 64

@@ -23,8 +23,10 @@ from tests.sched_harness.traffic import Pattern, RequestSpec
 
 EXAMPLES = int(os.environ.get("CPP_HARNESS_EXAMPLES", "0") or 0) or 1000
 
-# The planner does not look cached prefixes up yet (issue 12, item 1): a request admitted at
-# a prefix-cache hit is planned from history 0. Once it does, prefix_hit_unseen must be 0.
+# The planner looks cached prefixes up (issue 12, item 1), and the focused test below sees no
+# unseen hit; random traffic still finds some (a stale kept answer, or a request beyond the
+# lookup's reach that vLLM admitted), not yet explained one by one: there the count is only
+# bounded by the hits.
 PLANNER_SEES_CACHED_PREFIXES = False
 
 
@@ -140,8 +142,6 @@ def test_random_traffic_through_vllms_scheduler() -> None:
     assert set(total.mismatches) <= set(REASONS)
 
 
-@pytest.mark.xfail(not PLANNER_SEES_CACHED_PREFIXES, strict=True,
-                   reason="the planner does not look cached prefixes up yet (issue 12 item 1)")
 def test_a_cached_prefix_is_planned_at_its_true_history() -> None:
     shape = EngineShape(max_model_len=4096, max_num_batched_tokens=1024, prefix_caching=True)
     turns = tuple(RequestSpec(arrive=40 * i, prompt_len=1000 + 700 * i, max_tokens=4,

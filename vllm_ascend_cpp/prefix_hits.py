@@ -1,0 +1,66 @@
+"""Cached prefix lengths of waiting requests, looked up once per request.
+
+The planner must size a waiting request's first chunk at the history vLLM will give it, and
+vLLM finds that history (its prefix-cache hit) only inside `schedule()`, after we planned.
+`PrefixHits` asks vLLM's cache ahead of it (the lookup comes from
+`compat.prefix_cache_lookup`, which says why that lookup changes nothing in vLLM) and keeps the
+answer by request id, so a request that waits many steps costs one lookup, not one per step.
+An entry is dropped when the request is scheduled (it then has real computed tokens), when it
+finishes or is aborted, and when the prefix cache is reset; a request whose token count changed
+(a streaming session that appended input) is looked up again.
+
+Between the lookup and the step that schedules the request, the cache may change under it
+(another request caches more of a shared prefix, or blocks are evicted). Where vLLM's layout
+allows a cheap check (`compat.prefix_cache_probe`: two hash-table reads), the kept answers of
+the waiting requests a step can reach are checked every step and looked up again when stale.
+Elsewhere a stale answer shows as a plan that differs from what ran, in the trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+# Far above any admission limit (only admissible waiting requests are looked up): a safety
+# bound, should an entry ever outlive its request unseen.
+MAX_ENTRIES = 65536
+
+
+class PrefixHits:
+    def __init__(self, lookup: Callable[[Any], int],
+                 probe: Callable[[Any, int], bool] | None = None,
+                 max_entries: int = MAX_ENTRIES) -> None:
+        self._lookup = lookup
+        self._probe = probe
+        self._max_entries = max_entries
+        self._hits: dict[str, tuple[int, int]] = {}  # req_id -> (num_tokens, hit)
+        self.lookups = 0
+
+    def __len__(self) -> int:
+        return len(self._hits)
+
+    def hit(self, request: Any, check: bool = False) -> int:
+        """Tokens of `request` vLLM will find cached, for a request with nothing computed;
+        with `check`, a kept answer is first checked against the cache (when it can be)."""
+        rid = request.request_id
+        num_tokens = request.num_tokens
+        entry = self._hits.get(rid)
+        if entry is not None and entry[0] == num_tokens:
+            probe = self._probe
+            if not check or probe is None or probe(request, entry[1]):
+                return entry[1]
+        if len(self._hits) >= self._max_entries:
+            self._hits.clear()
+        self.lookups += 1
+        hit = max(0, min(int(self._lookup(request)), num_tokens - 1))
+        self._hits[rid] = (num_tokens, hit)
+        return hit
+
+    def drop(self, req_ids: Iterable[str]) -> None:
+        hits = self._hits
+        if hits:
+            for rid in req_ids:
+                hits.pop(rid, None)
+
+    def clear(self) -> None:
+        self._hits.clear()
