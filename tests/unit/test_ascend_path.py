@@ -44,6 +44,9 @@ def npu(monkeypatch: pytest.MonkeyPatch) -> tuple[fk.FakeNpuModule, fk.EventLog]
     device = fk.install_torch_npu(monkeypatch, log)
     monkeypatch.setattr(compat, "current_platform", lambda: fk.FakeNPUPlatform)
     monkeypatch.setitem(sys.modules, "vllm", None)
+    # Submodules another test module already imported would still resolve without the parent.
+    for name in [m for m in sys.modules if m.startswith("vllm.")]:
+        monkeypatch.setitem(sys.modules, name, None)
     return device, log
 
 
