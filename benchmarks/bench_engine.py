@@ -31,6 +31,7 @@ column is modelled from the measured step times (equal stages, no host time), no
     python benchmarks/bench_engine.py --reps 3 --concurrency 1 2 4 --variable
     python benchmarks/bench_engine.py --one-engine --reps 5 --concurrency 1 2 4 --variable
     python benchmarks/bench_engine.py --render benchmarks/results/engine_bench.json
+    python benchmarks/bench_engine.py --multiturn ...   (multi-turn chat: benchmarks/multiturn.py)
 Writes benchmarks/results/engine_bench.json and engine_bench.md (--out to change).
 """
 
@@ -683,6 +684,17 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None, help="policy names to run")
     ap.add_argument("--one-engine", action="store_true",
                     help="one in-process engine serves every policy (see the docstring)")
+    mt = ap.add_argument_group("multi-turn chat (--multiturn, see benchmarks/multiturn.py)")
+    mt.add_argument("--multiturn", action="store_true",
+                    help="multi-turn conversations with prefix caching on, one engine; writes "
+                         "engine_bench_multiturn (uses --fixed-budgets, --auto-budget, "
+                         "--output-len, --reps, --only)")
+    mt.add_argument("--conversations", type=int, default=4, help="conversations per round")
+    mt.add_argument("--in-flight", type=int, default=2, help="conversations served at once")
+    mt.add_argument("--max-turns", type=int, default=8)
+    mt.add_argument("--history-cap", type=int, default=16384,
+                    help="a turn's prompt plus reply stays within this many tokens")
+    mt.add_argument("--base-budget", type=int, default=2048, help="budget of cpp-base")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only re-render this results JSON's Markdown (and intervals)")
     ap.add_argument("--max-model-len", type=int, default=32768)
@@ -693,6 +705,12 @@ def main() -> int:
     args = ap.parse_args()
     if args.render:
         return render(args.render, args.out)
+    if args.multiturn:
+        from benchmarks import multiturn
+
+        if args.history_cap + 1 > args.max_model_len:
+            ap.error("--history-cap must be below --max-model-len")
+        return multiturn.main(args, args.out)
     stem = "engine_bench_one_engine" if args.one_engine else "engine_bench"
     out = args.out or str(ROOT / "benchmarks" / "results" / stem)
     work = Path(tempfile.mkdtemp(prefix="cpp-bench-"))

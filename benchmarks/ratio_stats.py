@@ -49,15 +49,33 @@ def bootstrap_interval(values: Sequence[float], *, level: float = LEVEL,
         raise ValueError("no values")
     if not np.all(np.isfinite(arr) & (arr > 0)):
         raise ValueError("ratios must be positive and finite")
-    logs = np.log(arr)
+    lo, hi = _bootstrap_mean(np.log(arr), level, resamples, seed)
+    return float(math.exp(lo)), float(math.exp(hi))
+
+
+def mean_interval(values: Sequence[float], *, level: float = LEVEL,
+                  resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the arithmetic mean of finite ``values`` (paired
+    differences, e.g. of shares, which may be zero or negative)."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        raise ValueError("no values")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("values must be finite")
+    lo, hi = _bootstrap_mean(arr, level, resamples, seed)
+    return float(lo), float(hi)
+
+
+def _bootstrap_mean(arr: np.ndarray, level: float, resamples: int,
+                    seed: int) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, logs.size, size=(resamples, logs.size))
-    means = logs[idx].mean(axis=1)
+    idx = rng.integers(0, arr.size, size=(resamples, arr.size))
+    means = arr[idx].mean(axis=1)
     tail = (1.0 - level) / 2.0
     # "inverted_cdf": the interval's ends are values a resample can take (with 3 rounds,
     # exactly the smallest and largest round), not interpolations between them.
     lo, hi = np.quantile(means, [tail, 1.0 - tail], method="inverted_cdf")
-    return float(math.exp(lo)), float(math.exp(hi))
+    return float(lo), float(hi)
 
 
 @dataclass(frozen=True)

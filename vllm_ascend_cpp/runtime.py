@@ -141,6 +141,8 @@ class CppRuntime:
         self._last_had_prefill = False
         # Benchmark-only policy override (set_bench_policy); None for every served engine.
         self.bench_policy: BenchPolicy | None = None
+        # The prefix lookup while a benchmark switched it off (set_bench_prefix_lookup).
+        self._bench_parked_hits: Any = None
         self._operator_max_budget: int | None = None
         self.stages = StageTimes(None, 1)
         # Trace lines in step order: [line, ready]; a timed step's line waits for its stages.
@@ -180,7 +182,11 @@ class CppRuntime:
         model = self.manager.model
         ms = model.step_ms([(i.history, i.tokens) for i in items]) if model and items \
             else math.nan
-        return StepPlan(budget, 0, items, ms, fallback=False, reason="bench fixed budget")
+        # A fixed budget of N aims, in effect, at what an N-token chunk costs from an empty
+        # history: the target CPP base with that budget plans to.
+        target = model.request_ms(0, budget) if model else math.nan
+        return StepPlan(budget, 0, items, ms, fallback=False, reason="bench fixed budget",
+                        target_ms=target)
 
     def set_bench_policy(self, mode: str | None, budget: int | None = None) -> None:
         """BENCHMARK ONLY: serve the next requests as policy ``mode`` with ``budget`` tokens.
@@ -209,6 +215,31 @@ class CppRuntime:
             self.manager.reconfigure(core_settings(cfg, self.facts))
         self.max_budget = budget
         logger.info("[CPP] benchmark policy: %s with budget %d", mode, budget)
+
+    def set_bench_prefix_lookup(self, enabled: bool) -> None:
+        """BENCHMARK ONLY: plan with (True, the default) or without vLLM's prefix-cache lookup.
+
+        benchmarks/bench_engine.py --multiturn switches the lookup off for its ``-nolookup``
+        policies to measure what the lookup buys: without it a waiting request's cached prefix
+        is invisible to the planner and its first chunk is sized as if nothing were cached.
+        Nothing reads it from cpp_config and a served engine never calls it. Switching back on
+        forgets every kept answer (requests scheduled meanwhile were not dropped from it).
+        """
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled must be True or False, got {enabled!r}")
+        hits = getattr(self, "prefix_hits", None)
+        if enabled:
+            parked = self._bench_parked_hits
+            if parked is not None:
+                self.prefix_hits = hits = parked
+                self._bench_parked_hits = None
+            if hits is not None:
+                hits.clear()
+        elif hits is not None:
+            hits.clear()
+            self._bench_parked_hits = hits
+            self.prefix_hits = None
+        logger.info("[CPP] benchmark prefix lookup: %s", "on" if enabled else "off")
 
     @property
     def _engine_budget(self) -> int:

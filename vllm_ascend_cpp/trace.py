@@ -1,16 +1,17 @@
 """`trace_file`: one JSON line per scheduled step, for tests, benchmarks and plots.
 
 Each line: step number, wall time, CPP state, the scheduled requests with `history` and
-`chunk`, the decode count, the planned budget and prefill cap, the predicted step time,
-when the step was timed, `measured_ms` (the slowest stage's forward, the planning basis) and
-`stage_ms` (every pipeline stage's forward, stage 0 first; null where only the last stage's
-time is known), and (with online calibration) the refit attempts and consecutive failed fits
-so far; `event` (with `state_after`) on the step whose timing triggered a refit; `preempted`
-lists the requests vLLM preempted for the step, when there were any. `plan_matched` says whether
-vLLM scheduled exactly the planned requests and tokens (null on steps CPP did not plan); on a
-mismatch `mismatch` gives the reason as far as the step shows it, `predicted_ms` is the model's
-prediction for what actually ran, and `plan_predicted_ms` the plan's own. Lines are written in
-step order; a timed step's line waits until its stage times are in (a few steps).
+`chunk`, the decode count, the step cost the plan aimed at (`target_ms`, the per-step
+constant included; null without a plan), the planned budget and prefill cap, the predicted
+step time, when the step was timed, `measured_ms` (the slowest stage's forward, the planning
+basis) and `stage_ms` (every pipeline stage's forward, stage 0 first; null where only the last
+stage's time is known), and (with online calibration) the refit attempts and consecutive failed
+fits so far; `event` (with `state_after`) on the step whose timing triggered a refit;
+`preempted` lists the requests vLLM preempted for the step, when there were any. `plan_matched`
+says whether vLLM scheduled exactly the planned requests and tokens (null on steps CPP did not
+plan); on a mismatch `mismatch` gives the reason as far as the step shows it, `predicted_ms` is
+the model's prediction for what actually ran, and `plan_predicted_ms` the plan's own. Lines are
+written in step order; a timed step's line waits until its stage times are in (a few steps).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class TraceWriter:
             "requests": prefills,
             "decodes": sum(1 for *_, pre in rec.items if not pre),
             "num_tokens": sum(n for _, _, n, _ in rec.items),
+            # The step cost the plan aimed at (c included), for measured/target comparisons.
+            "target_ms": _finite(plan.target_ms) if plan is not None else None,
             "planned_budget": plan.token_budget if plan is not None else None,
             "prefill_cap": plan.prefill_cap if plan is not None else None,
             "predicted_ms": _finite(plan.predicted_ms) if plan is not None else None,

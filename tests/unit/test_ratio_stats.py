@@ -92,3 +92,17 @@ def test_coverage_at_the_round_counts_the_docs_quote(rounds: int, low: float,
 def test_fewer_than_three_rounds_give_no_verdict() -> None:
     assert rs.ttft_verdict(rs.ratio([1.0003])) == rs.TOO_FEW
     assert rs.throughput_verdict(rs.ratio([0.5, 0.6])) == rs.TOO_FEW
+
+
+def test_mean_interval_takes_differences_of_any_sign() -> None:
+    assert rs.mean_interval([-0.2, 0.0, 0.1]) == pytest.approx((-0.2, 0.1))
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(200):
+        lo, hi = rs.mean_interval(rng.normal(0.05, 0.1, size=20), resamples=2000)
+        covered += lo <= 0.05 <= hi
+    assert covered >= 170  # about 95% of 200, with room for the bootstrap's under-coverage
+    with pytest.raises(ValueError):
+        rs.mean_interval([])
+    with pytest.raises(ValueError):
+        rs.mean_interval([0.1, float("nan")])

@@ -74,7 +74,9 @@ class StepPlan:
     """What to tell vLLM for one step and what we expect it to schedule.
 
     ``items`` is :func:`simulate` under ``(token_budget, prefill_cap)``; ``predicted_ms``
-    includes ``c`` (NaN for a fallback plan without a model).
+    includes ``c`` (NaN for a fallback plan without a model). ``target_ms`` is the step cost
+    the plan aimed at, ``c`` included so it compares with a measured step (NaN when no target
+    was used: fallback plans).
     """
 
     token_budget: int
@@ -84,6 +86,7 @@ class StepPlan:
     fallback: bool
     reason: str = ""
     lead: ChunkDecision | None = None
+    target_ms: float = math.nan
 
     @property
     def scheduled_tokens(self) -> int:
@@ -201,7 +204,8 @@ class StepPlanner:
                 sxx += x * x
         decode_cost = model.sums_cost_ms(sl, decode_tokens, slx, sxx)
         if end == 0:
-            return StepPlan(max_budget, 0, (), model.step_ms(()), fallback=False)
+            return StepPlan(max_budget, 0, (), model.step_ms(()), fallback=False,
+                            target_ms=target + model.c)
 
         lead: ChunkDecision | None = None
         cap = 0
@@ -238,7 +242,8 @@ class StepPlanner:
         items, ms = _simulate_ms(model, candidates, budget, cap, max_requests)
         fallback = lead is not None and lead.fallback
         return StepPlan(budget, cap, items, ms, fallback=fallback,
-                        reason=lead.reason if lead is not None else "", lead=lead)
+                        reason=lead.reason if lead is not None else "", lead=lead,
+                        target_ms=target + model.c)
 
     def _budget(self, walk: Sequence[Candidate], end: int, cap: int, max_budget: int,
                 target: float, last_forced: int, forced_tokens: int,
