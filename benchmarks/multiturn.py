@@ -414,17 +414,27 @@ def markdown(table: dict, meta: dict) -> str:
         "interval in brackets (`benchmarks/ratio_stats.py`); per-round values in the JSON. "
         f"With fewer than {rs.MIN_ROUNDS} rounds there is no verdict.", "",
         "## TTFT per turn (ms, median over rounds of each round's mean)", "",
-        f"| policy | {heads} |", sep]
+        f"| policy | {heads} | all, per round |", sep + "---|"]
     for name, v in table["policies"].items():
         cells = " | ".join(f"{v['ttft_ms_median'][k]:.0f}" if k in v["ttft_ms_median"] else "-"
                            for k in keys)
-        lines.append(f"| {name} | {cells} |")
+        per = "/".join(f"{x:.0f}" for x in v["ttft_all_per_round_ms"])
+        lines.append(f"| {name} | {cells} | {per} |")
     if tuned:
         lines += ["", f"## TTFT ratio to the tuned fixed budget ({tuned}), per turn", "",
                   f"| policy | {heads} |", sep]
         for name, per in table["ratios"].items():
             lines.append(f"| {name} | "
                          + " | ".join(_ratio(per[tuned].get(k)) for k in keys) + " |")
+    fixed = sorted((n for n in table["policies"] if n.startswith("fixed-")),
+                   key=lambda n: int(n.split("-")[1]))
+    if fixed and table["ratios"]:
+        lines += ["", "## TTFT ratio to each fixed budget (all turns; turns after the first)",
+                  "", "| policy | " + " | ".join(fixed) + " |", "|---|" + "---|" * len(fixed)]
+        for name, per in table["ratios"].items():
+            lines.append(f"| {name} | " + " | ".join(
+                f"{_ratio(per[f].get('all'))}; {_ratio(per[f].get('2+'))}" for f in fixed)
+                + " |")
     if table["lookup"]:
         lines += ["", "## With / without the prefix lookup (TTFT ratio, lookup on over off)", "",
                   f"| policy | {heads} |", sep]
