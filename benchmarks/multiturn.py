@@ -21,7 +21,8 @@ chunk costs from an empty history, the target CPP base with that budget plans to
 prefill steps and over the steps that ran a request's first chunk after a prefix hit. Ratios
 are paired by round with per-round values and bootstrap intervals (ratio_stats.py).
 
-    python benchmarks/bench_engine.py --multiturn --reps 5 --conversations 4 --in-flight 2
+    python benchmarks/bench_engine.py --multiturn --reps 5 --conversations 4 --in-flight 2 \
+        --max-turns 8 --output-len 16 --fixed-budgets 512 1024 2048 --kv-gib 2
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ HISTORY_CAP = 16384
 OVER_TARGET = 1.25
 NOLOOKUP = "-nolookup"
 VOCAB = 2000
+# Every step is timed while the calibration window is filling: larger than the steps of the
+# recommended run (about 12k with 16-token replies), so every prefill step has a measured cost.
+CALIBRATION_WINDOW = 16384
 
 
 @dataclass(frozen=True)
@@ -232,8 +236,8 @@ def run_multiturn(args: Any, work: Path) -> dict:
     be.write_tiny_llama(model_dir, overrides=be.BENCH_MODEL)
     trace_path = work / "trace-multiturn.jsonl"
     trace = be.TraceLog(trace_path)
-    kwargs = be.engine_kwargs(args, model_dir, max(p["budget"] for p in pols),
-                              be.cpp_settings(trace_path, work, {}))
+    cpp = be.cpp_settings(trace_path, work, {"calibration_window": CALIBRATION_WINDOW})
+    kwargs = be.engine_kwargs(args, model_dir, max(p["budget"] for p in pols), cpp)
     kwargs["enable_prefix_caching"] = True
     llm = LLM(**kwargs)
     runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
