@@ -144,6 +144,42 @@ def test_the_trace_records_the_step_target(tmp_path: Path) -> None:
     assert mt.over_target([line])["steps"] == 1
 
 
+# ----- the lookup switch -------------------------------------------------------------------
+
+
+def _waiting(prompt: int) -> tuple[SimScheduler, SimRequest]:
+    sched = SimScheduler(8192, 16)
+    req = SimRequest("w0", prompt, 4, 0.0)
+    sched.waiting.append(req)
+    sched.requests[req.request_id] = req
+    return sched, req
+
+
+def test_the_lookup_switch_hides_and_restores_a_cached_prefix() -> None:
+    rt = build_runtime(ENGINE, Policy("cpp-base", 2048))
+    looked: list[str] = []
+
+    def lookup(request: SimRequest) -> int:
+        looked.append(request.request_id)
+        return 12000
+
+    rt.attach_prefix_cache(lookup)
+    sched, _ = _waiting(16000)
+    with_hit = rt.plan(sched).items[0].tokens
+    assert looked == ["w0"]
+    rt.set_bench_prefix_lookup(False)
+    assert rt.prefix_hits is None
+    blind = rt.plan(sched).items[0].tokens
+    assert looked == ["w0"]  # no lookup while off
+    # Without the lookup the first chunk is sized as if nothing were cached: larger.
+    assert blind == 2048 > with_hit
+    rt.set_bench_prefix_lookup(True)
+    assert rt.plan(sched).items[0].tokens == with_hit
+    assert looked == ["w0", "w0"]  # switching back on forgot the kept answer
+    with pytest.raises(ValueError):
+        rt.set_bench_prefix_lookup("off")  # type: ignore[arg-type]
+
+
 # ----- the summary --------------------------------------------------------------------------
 
 
