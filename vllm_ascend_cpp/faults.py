@@ -20,6 +20,8 @@ Documented as a testing hook (docs/troubleshooting.md); operators never set it. 
   summary; pairing timed steps with their per-stage times). With
   `VLLM_CPP_TEST_FAULT_LIMIT=N` (read when the fault fires) it raises only its first N times
   in the process.
+- `step_leak_1k`: every scheduler step keeps 1 KiB forever (proves that the soak's memory
+  check, tests/integration/test_soak.py, catches a leak of that size).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ KNOWN = (
     "sweep_raise", "sweep_nan", "sweep_inf", "sweep_zero", "sweep_negative",
     "sweep_flat", "sweep_noisy", "sweep_falling", "sweep_concave", "calib_noise",
     "hot_plan", "hot_record", "hot_calibration", "hot_trace", "hot_summary",
-    "hot_stages",
+    "hot_stages", "step_leak_1k",
 )
 LIMIT_ENV = "VLLM_CPP_TEST_FAULT_LIMIT"
 _hot_raised: dict[str, int] = {}
@@ -42,6 +44,11 @@ _hot_raised: dict[str, int] = {}
 
 class InjectedFault(RuntimeError):
     """Raised by the hot-path faults."""
+
+
+LEAK_BYTES = 1024
+# What `step_leak_1k` keeps: module-level, so nothing ever frees it.
+_leaked: list[bytes] = []
 
 
 @functools.cache
@@ -98,3 +105,10 @@ def hot_path(point: str) -> None:
         return
     _hot_raised[fault] = done + 1
     raise InjectedFault(f"injected fault {ENV}={fault}")
+def _leak_one_step() -> None:
+    _leaked.append(bytes(LEAK_BYTES))
+
+
+def step_hook() -> Callable[[], None] | None:
+    """What the runtime calls once per scheduler step, or None: decided once, at start-up."""
+    return _leak_one_step if active() == "step_leak_1k" else None

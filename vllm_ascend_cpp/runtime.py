@@ -148,6 +148,7 @@ class CppRuntime:
         # Trace lines in step order: [line, ready]; a timed step's line waits for its stages.
         self._held: deque[list] = deque()
         self.prefix_hits: PrefixHits | None = None
+        self._step_fault = faults.step_hook()  # test-only (faults.py); None when served
 
     def use_executor(self, executor: Any) -> None:
         """Fetch every stage's step times through this executor (see stage_times.py)."""
@@ -314,6 +315,8 @@ class CppRuntime:
         if hits is not None:
             hits.drop(output.num_scheduled_tokens)
             hits.drop(compat.finished_request_ids(output))
+        if self._step_fault is not None:
+            self._step_fault()
         items = scheduled_items(scheduler.requests, output.num_scheduled_tokens)
         if not items:
             return None

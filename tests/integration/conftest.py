@@ -78,6 +78,7 @@ def run_engine_job(
     timeout: int = 900,
     driver: str = "sync",
     rss_every_s: float | None = None,
+    tracemalloc_from: int | None = None,
 ) -> EngineRun:
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, result_path, log_path = (
@@ -85,8 +86,11 @@ def run_engine_job(
     )
     engine = dict(engine)
     engine.setdefault("model_dir", str(workdir.parent / "tiny-llama"))
-    spec_path.write_text(json.dumps({"engine": engine, "batches": batches, "env": env or {},
-                                     "driver": driver, "rss_every_s": rss_every_s}))
+    spec = {"engine": engine, "batches": batches, "env": env or {}, "driver": driver,
+            "rss_every_s": rss_every_s}
+    if tracemalloc_from is not None:
+        spec["tracemalloc_from"] = tracemalloc_from
+    spec_path.write_text(json.dumps(spec))
     text = _run_job(spec_path, result_path, log_path, timeout)
     cpp = engine.get("cpp_config") or {}
     trace = Path(cpp["trace_file"]) if cpp.get("trace_file") else None

@@ -22,6 +22,10 @@ tests, and vLLM's spawn rules are met (this file has the `__main__` guard). SPEC
 - bench_policy (driver "sync", in-process engine core): {"mode", "budget"} passed to
   CppRuntime.set_bench_policy before the batch (the benchmark-only policy switch).
 - rss_every_s (driver "async"): also sample resident memory every so many seconds.
+- tracemalloc_from (driver "sync", in-process engine core): the index of the first batch
+  whose memory counts; `tracemalloc` in the result holds the bytes that the plugin's own
+  code allocated from then on and still holds at the end, and the scheduler steps taken
+  (leak_check.py).
 - runs (instead of engine/batches): several engines one after another in this process, each
   {"label", "engine", "batches", "env"} (see run_many).
 
@@ -173,13 +177,28 @@ def run_sync(spec: dict, result: dict, result_path: str) -> int:
         return 0
     result["startup_s"] = time.perf_counter() - t0
     result["rss"] = [rss_snapshot("start")]
+    growth = _package_growth(llm) if "tracemalloc_from" in spec else None
     for i, batch in enumerate(spec.get("batches", [])):
         print(f"{BATCH_MARKER} {i}", flush=True)
+        if growth is not None and i == spec["tracemalloc_from"]:
+            growth.start()
         result["batches"].append(_sync_batch(llm, batch))
         result["rss"].append(rss_snapshot(f"batch{i}"))
+    if growth is not None:
+        result["tracemalloc"] = growth.stop()
     harness.shutdown(llm)
     dump(result_path, result)
     return 0
+
+
+def _package_growth(llm: Any) -> Any:
+    from leak_check import PackageGrowth  # a sibling module: this file runs as a script
+
+    from vllm_ascend_cpp import compat
+
+    scheduler = compat.inproc_scheduler(llm)
+    assert scheduler is not None, "tracemalloc_from needs VLLM_ENABLE_V1_MULTIPROCESSING=0"
+    return PackageGrowth(lambda: scheduler.cpp._step)
 
 
 # ----- async driver: arrival times and aborts, through vLLM's serving engine ------------------

@@ -1,7 +1,14 @@
 """A small soak on the real engine: random lengths, Poisson arrivals, PP=2, CPP with online
 calibration. The long version (300+ requests) is benchmarks/soak.py, whose docstring derives
 the wait bound this test checks: every request finishes, none is lost, none waits more steps
-than the bound allows, and the engine's memory stops growing once warmed up.
+than the bound allows.
+
+Memory: the plugin's per-step code (scheduler hook, runtime, calibrator, trace, prefix
+lookups) runs in the engine-core process. A second, in-process engine (sync driver,
+VLLM_ENABLE_V1_MULTIPROCESSING=0) serves warm traffic under tracemalloc, and the bytes our
+package allocated and still holds at the end must stay under half of a 1 KiB-per-step leak
+over the steps taken (leak_check.py); the same check is shown to fail on vLLM's real
+scheduler (tests/sched_harness, no workers) with a 1 KiB-per-step leak injected.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import soak
-from tests.integration.conftest import EngineRun, run_engine_job
+from tests.integration import leak_check
+from tests.integration.conftest import EngineRun, cpp_on, run_engine_job
 
 N = 60
 BATCH = soak.workload(N, min_len=100, max_len=12000, max_tokens=8, rate=1.5,
@@ -80,18 +88,72 @@ def test_calibration_converges_on_this_traffic(soak_run: tuple[EngineRun, dict])
     assert cal["timed_steps_with_stage_times"] >= cal["timed_steps_second_half"]
 
 
-def test_engine_memory_does_not_grow(soak_run: tuple[EngineRun, dict]) -> None:
-    run, fig = soak_run
-    rss = fig["rss_mib"]
-    t0 = min(o["submit"] for o in run.outputs(1))
-    samples = [s["total_mib"] for s in run.result.get("rss_samples", []) if s["time"] >= t0]
-    print(f"RSS engine core + workers: start {rss['start']:.0f} MiB, end {rss['end']:.0f} MiB, "
-          f"{len(samples)} samples {min(samples, default=0):.0f}..{max(samples, default=0):.0f}")
-    assert len(samples) >= 4
-    # No growth in the second half of the run beyond allocator noise: a leak per request or
-    # per step would keep climbing.
-    half = len(samples) // 2
-    assert max(samples[half:]) <= max(samples[:half]) + 128, samples
-    # Start to end also covers warm-up (allocator arenas, capped oneDNN cache filling): a looser
-    # bound here; the second-half check above is the one a leak trips.
-    assert rss["end"] <= rss["start"] * 1.05 + 128, rss
+# Decode-heavy traffic with a shared prefix (prefix-cache hits), so the measured run is
+# hundreds of steps; the first batch is the warm-up (same shape: calibration windows and
+# the pending-step map fill there), the others are measured.
+MEMORY_BATCHES = [{"lengths": soak.workload(16, min_len=64, max_len=1500, max_tokens=1,
+                                            rate=1.0, max_arrival_s=1.0, seed=s)["lengths"],
+                   "seed": s, "prefix_seed": 5, "shared_prefix": 48, "max_tokens": 64}
+                  for s in (11, 12, 13, 14)]
+
+
+@pytest.fixture(scope="module")
+def memory_run(engine_root: Path) -> dict:
+    wd = engine_root / "soak-memory"
+    engine = {"max_num_batched_tokens": 1024, "max_model_len": 4096,
+              "enable_prefix_caching": True,
+              "cpp_config": cpp_on(wd, num_samples=16, sample_repeats=1,
+                                   online_calibration=True)}
+    run = run_engine_job(wd, engine=engine, batches=MEMORY_BATCHES, tracemalloc_from=1,
+                         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                              "VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert "startup_error" not in run.result, run.result["startup_error"]
+    fig = run.result["tracemalloc"]
+    print(f"memory: {json.dumps(fig)}")
+    return fig
+
+
+def test_plugin_keeps_no_memory_per_step(memory_run: dict) -> None:
+    fig = memory_run
+    # Enough steps that a 1 KiB-per-step leak stands out of allocator-sized noise.
+    assert fig["steps"] >= 200, fig
+    assert fig["growth_bytes"] < fig["bound_bytes"], fig
+
+
+@pytest.mark.parametrize("fault", [None, "step_leak_1k"])
+def test_memory_check_catches_a_1k_per_step_leak(fault: str | None,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above on vLLM's real Scheduler with the CPP hook (no workers): clean, it
+    passes; with 1 KiB kept per step (faults.py), it fails."""
+    from tests.sched_harness.build import EngineShape
+    from tests.sched_harness.drive import PatternRun
+    from tests.sched_harness.traffic import Pattern, RequestSpec
+    from vllm_ascend_cpp import faults
+
+    if fault:
+        monkeypatch.setenv(faults.ENV, fault)
+    faults.active.cache_clear()  # read once per process
+    monkeypatch.setattr(faults, "_leaked", [])
+
+    def pattern(seed: int) -> Pattern:
+        reqs = tuple(RequestSpec(arrive=i * 3, prompt_len=200 + 97 * i, max_tokens=60,
+                                 document=i % 2, prefix_len=64) for i in range(16))
+        return Pattern(EngineShape(max_model_len=2048, max_num_batched_tokens=256,
+                                   model="cpu_like", target="auto"), reqs, seed=seed)
+
+    try:
+        PatternRun(pattern(0)).run()  # warm-up: imports, caches, first calibration
+        run = PatternRun(pattern(1))
+        growth = leak_check.PackageGrowth(lambda: run.sched.cpp._step)
+        growth.start()
+        run.run()
+        fig = growth.stop()
+    finally:
+        faults.active.cache_clear()
+    print(f"{fault}: {json.dumps(fig, indent=1)}")
+    assert fig["steps"] >= 200, fig
+    if fault is None:
+        assert fig["growth_bytes"] < fig["bound_bytes"], fig
+    else:
+        assert fig["growth_bytes"] >= fig["steps"] * leak_check.LEAK_PER_STEP, fig
+        assert fig["growth_bytes"] > fig["bound_bytes"]

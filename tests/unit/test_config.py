@@ -205,6 +205,27 @@ def test_unknown_test_fault_stops_startup(monkeypatch: pytest.MonkeyPatch) -> No
     assert faults.step_ms_filter() is None
 
 
+def test_step_leak_fault_keeps_1k_per_call_and_is_off_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_ascend_cpp import faults
+
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.active.cache_clear()
+    assert faults.step_hook() is None
+    monkeypatch.setenv(faults.ENV, "step_leak_1k")
+    monkeypatch.setattr(faults, "_leaked", [])
+    faults.active.cache_clear()
+    try:
+        hook = faults.step_hook()
+        assert hook is not None
+        for _ in range(3):
+            hook()
+        assert [len(b) for b in faults._leaked] == [faults.LEAK_BYTES] * 3
+    finally:
+        monkeypatch.delenv(faults.ENV)
+        faults.active.cache_clear()
+
+
 # ----- the front-end hook's hand-over (patch/engine_args.py) ---------------------------------
 
 
