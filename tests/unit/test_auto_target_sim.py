@@ -5,11 +5,12 @@ making the decisions; a policy's result is the simulated mean TTFT of closed-loo
 The comparison is between two simulated runs, not a repeat of auto's own forecast.
 
 What this checks is the measured state, not the issue's full bar: auto must not lose to base
-by more than MAX_LOSS on any case of the grid and must win on average. The bar "never worse
-than base" is NOT met everywhere: on this grid 6 of 64 cases lose up to 4.4%
-(see the report of issue 13); the forecast covers the current queue, the decodes riding in
-coming steps and the host time per step, but not the prompts that closed-loop clients will
-send while the queue drains.
+by more than MAX_LOSS on any case of the grid, may lose by more than 0.5% in at most MAX_OVER
+cases, and must win on average. The bar "never worse than base (within 0.5%)" is NOT met
+everywhere: on this grid 6 of 64 cases are above base, 4 of them by more than 0.5% and up to
+4.4% (all at concurrency 4 with no host time); the forecast covers the current queue, the
+decodes riding in coming steps and the host time per step, but not the prompts that
+closed-loop clients will send while the queue drains.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ MODELS = {
     "big-c": LatencyModel(a=2e-6, b=0.02, c=20.0, d=2e-6),
 }
 MAX_LOSS = 1.06
+MAX_OVER = 4
 
 
 def ratio(model, concurrency, prompt_len, host_ms, stages) -> float:
@@ -49,6 +51,7 @@ def test_auto_against_base_across_a_grid():
           f", worst {ratios[worst]:.3f} at {worst}, "
           f"{sum(r > 1.0 for r in ratios.values())} cases above 1")
     assert ratios[worst] <= MAX_LOSS, worst
+    assert sum(r > 1.005 for r in ratios.values()) <= MAX_OVER, ratios
     assert np.mean(list(ratios.values())) <= 0.95
 
 

@@ -123,15 +123,6 @@ class AutoTarget:
     def _cost(self, L: int, x: int) -> float:
         return self.predictor.model.chunk_cost_ms(L, x)
 
-    def _solve(self, L: int, t: float) -> float:
-        """The predictor's root (``inf`` when nothing bounds it, -1 when nothing fits)."""
-        x = self.predictor.solve(L, t)
-        return -1.0 if x is None else x
-
-    def _lead_chunk(self, L: int, R: int, budget: int, t: float) -> int:
-        """The predictor's own chunk for the first prefill of a step (fold rule included)."""
-        return self.predictor.next_chunk(L, R, budget, t).chunk
-
     def forecast(self, prefills: Sequence[tuple[int, int]], budget: int, target_ms: float,
                  floor_ms: float = 0.0, give_up_at: float = math.inf,
                  decodes: tuple[float, int] = (0.0, 0)) -> tuple[float, int]:
@@ -145,7 +136,13 @@ class AutoTarget:
         decode_ms, decode_tokens = float(decodes[0]), int(decodes[1])
         t = float(target_ms) - decode_ms
         budget = max(1, int(budget) - decode_tokens)
-        align = self.predictor.alignment
+        p = self.predictor
+        align = p.alignment
+        # The predictor's own sizing rule (fold rule included) and root, bound once: this
+        # loop runs a few thousand times per search.
+        size = p.size
+        root = p.root
+        cost_of = p.model.sums_cost_ms
         c = self._c + decode_ms
         drain = self.stages - 1
         n = len(prefills)
@@ -157,8 +154,8 @@ class AutoTarget:
         j = 0
         L, R = prefills[0]
         while j < n:
-            x = self._lead_chunk(L, R, budget, t)
-            cost = self._cost(L, x)
+            x = size(L, R, budget, t)[0]
+            cost = cost_of(L, x, L * x, x * x)
             used = x
             L += x
             R -= x
@@ -172,7 +169,7 @@ class AutoTarget:
                 # The planner fills what is left of the step with the next prefill.
                 if cost >= t or used >= budget:
                     break
-                part = self._solve(L, t - cost)
+                part = root(L, t - cost)
                 if part <= 0:
                     break
                 part = int(min(part, R, budget - used))
@@ -180,7 +177,7 @@ class AutoTarget:
                     part -= part % align
                 if part <= 0:
                     break
-                cost += self._cost(L, part)
+                cost += cost_of(L, part, L * part, part * part)
                 used += part
                 L += part
                 R -= part

@@ -19,13 +19,16 @@ from dataclasses import dataclass
 
 from .latency_model import LatencyModel
 
-__all__ = ["ChunkDecision", "PlannedChunk", "ChunkSizePredictor", "TAIL_FOLD_TOLERANCE"]
+__all__ = ["ChunkDecision", "PlannedChunk", "ChunkSizePredictor", "FALLBACK", "TAIL_FOLD_TOLERANCE"]
 
 # A short tail is folded into the current chunk when the merged chunk costs at most this much
 # more than the time budget: one slightly long step beats an extra step that pays ``c`` again.
 TAIL_FOLD_TOLERANCE = 1.10
 # Lets a root that is an integer up to rounding (e.g. (b*base)/b) floor to that integer.
 _FLOOR_SLACK = 1e-9
+_FLOOR_UP = 1.0 + _FLOOR_SLACK
+# The clamp :meth:`ChunkSizePredictor.size` reports when no size meets the time.
+FALLBACK = "fallback"
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,11 @@ class ChunkSizePredictor:
         # KV blocks fill whole and kernels prefer multiples of 64 tokens.
         self.alignment = max(self.block_size, 64)
         self.model = model
+        # Plain floats for :meth:`root` and :meth:`size`, which run in the hot loops.
+        self._base = float(self.base_chunk)
+        self._min = float(self.min_chunk)
+        if model is not None:
+            self._a, self._b, self._g, self._q = model.a, model.b, model.gamma, model.a + model.d
         self._explicit_target = None if target_ms is None else float(target_ms)
         if self._explicit_target is not None:
             self.target_ms: float | None = self._explicit_target
@@ -147,16 +155,23 @@ class ChunkSizePredictor:
         if m is None or not m.is_physical:
             return None
         t = self.target_ms if time_ms is None else float(time_ms)
-        if t is None or math.isnan(t):
+        if t is None:
             return None
-        L = float(history)
-        rest = t - m.gamma * L
+        x = self.root(float(history), t)
+        return None if x < 0 else x
+
+    def root(self, history: float, time_ms: float) -> float:
+        """:meth:`solve` for hot loops: plain floats in and out, -1.0 for "no root".
+
+        Needs a physical model (callers check :attr:`ready` or use :meth:`solve`).
+        """
+        rest = time_ms - self._g * history
         if not rest > 0:
-            return None
+            return -1.0
         if rest == math.inf:
             return math.inf
-        lin = 2.0 * m.a * L + m.b
-        quad = m.a + m.d
+        lin = 2.0 * self._a * history + self._b
+        quad = self._q
         if quad == 0.0:
             return rest / lin if lin > 0 else math.inf
         # 2R / (B + sqrt(B^2 + 4qR)) is the root without the cancellation that
@@ -165,40 +180,69 @@ class ChunkSizePredictor:
         if not denom > 0:
             return math.inf
         x = 2.0 * rest / denom
-        return x if not math.isnan(x) else None
+        return x if x == x else -1.0
 
     # -- one decision ---------------------------------------------------------------------
 
     def _fixed(self, cap: int, reason: str) -> ChunkDecision:
         return ChunkDecision(min(self.base_chunk, cap), fallback=True, reason=reason)
 
-    def _desired(self, history: int, time_ms: float) -> tuple[float, str, float] | None:
-        """``(size, clamp, smoothed)``: the smoothed root, then floored at ``min_chunk``."""
-        x = self.solve(history, time_ms)
-        if x is None:
-            return None
-        base = float(self.base_chunk)
+    def _full(self, history: int, time_ms: float, budget_cap: int) -> tuple[int, str, float]:
+        """``(full, clamp, smoothed)``: steps 1-4 of :meth:`next_chunk`; ``full`` is -1 when
+        no size meets the time. ``full`` does not depend on what remains of the prompt."""
+        x = self.root(history, time_ms)
+        if x < 0:
+            return -1, "", x
         if x != math.inf:
-            x = base + self.smooth_factor * (x - base)
-        if x < self.min_chunk:
-            return float(self.min_chunk), "min_chunk", x
-        return x, "", x
-
-    def _full_chunk(self, desired: float, budget_cap: int) -> tuple[int, str]:
-        """The aligned chunk for a request with more left than it; independent of remaining."""
+            x = self._base + self.smooth_factor * (x - self._base)
+        smoothed = x
         clamp = ""
-        x = desired
+        if x < self.min_chunk:
+            x = self._min
+            clamp = "min_chunk"
         if x > budget_cap:
-            x = float(budget_cap)
+            x = budget_cap
             clamp = "budget"
-        whole = int(math.floor(x * (1.0 + _FLOOR_SLACK)))
-        whole = min(whole, budget_cap)
+        whole = min(int(x * _FLOOR_UP), budget_cap)
         aligned = whole - whole % self.alignment
         if aligned == 0:
             # Rounding down would stall the request: one aligned unit, or the whole budget
             # when even that does not fit.
-            return min(self.alignment, budget_cap), "alignment"
-        return aligned, clamp
+            return min(self.alignment, budget_cap), "alignment", smoothed
+        return aligned, clamp, smoothed
+
+    def size(self, history: int, remaining: int, budget_cap: int,
+             time_ms: float) -> tuple[int, str]:
+        """The sizing rule of :meth:`next_chunk`, lean for hot loops: ``(chunk, clamp)``.
+
+        Plain ints and floats, no checks and no allocation beyond the tuple: needs
+        :attr:`ready`, ``history >= 0`` and ``remaining, budget_cap >= 1``. ``clamp`` is
+        :data:`FALLBACK` when no size meets ``time_ms`` (the chunk is then the fixed one).
+        :meth:`next_chunk` and ``target: auto``'s forecast both size through here.
+        """
+        full, clamp, smoothed = self._full(history, time_ms, budget_cap)
+        if full < 0:
+            return min(self.base_chunk, remaining, budget_cap), FALLBACK
+        if remaining <= full:
+            # "remaining" only when the prompt's end, not a floor, decided the size.
+            if remaining < full and remaining <= smoothed:
+                clamp = "remaining"
+            return remaining, clamp
+        if remaining - full >= self.min_chunk:
+            return full, clamp
+        # Folding must keep this chunk no larger than the previous chunk of the prompt. That
+        # one was full(L') at L' = L - full(L'); because full does not grow with history it is
+        # at least full(L - full(L)), and when L < full(L) there was no such chunk at all.
+        back = history - full
+        if (remaining <= budget_cap
+                and self.model.chunk_cost_ms(history, remaining) <= TAIL_FOLD_TOLERANCE * time_ms
+                and (back < 0 or remaining <= self._full(back, time_ms, budget_cap)[0])):
+            return remaining, "tail_fold"
+        half = -(-remaining // 2)
+        half = -(-half // self.alignment) * self.alignment
+        if half < full:
+            return half, "tail_split"
+        return full, clamp
 
     def next_chunk(self, history: int, remaining: int, budget: int | None = None,
                    time_ms: float | None = None) -> ChunkDecision:
@@ -226,6 +270,8 @@ class ChunkSizePredictor:
         ``budget < A`` (then it is ``budget``) or it is the fixed fallback chunk; for a fixed
         ``T`` and budget, successive chunks of one prompt never grow (fallback chunks
         excepted: past ``T - gamma*L <= 0`` they return to the fixed size).
+
+        The rule itself is :meth:`size`; this method checks its input and says why.
         """
         history = int(history)
         remaining = int(remaining)
@@ -242,51 +288,14 @@ class ChunkSizePredictor:
         if not self.ready:
             return self._fixed(cap, self.not_ready_reason)
         t = self.target_ms if time_ms is None else float(time_ms)
-        desired = self._desired(history, t)
-        if desired is None:
-            if not t > 0:
-                return self._fixed(cap, f"the time budget ({t:.4g} ms) is not positive")
-            gamma_l = self.model.gamma * float(history)
-            return self._fixed(cap,
-                               f"no chunk size meets {t:.4g} ms at history {history}: "
-                               f"gamma*L alone is {gamma_l:.4g} ms")
-        x, clamp, smoothed = desired
-        full, full_clamp = self._full_chunk(x, budget_cap)
-        clamp = full_clamp or clamp
-        if remaining <= full:
-            # "remaining" only when the prompt's end, not a floor, decided the size.
-            if remaining < full and remaining <= smoothed:
-                clamp = "remaining"
-            return ChunkDecision(remaining, fallback=False, clamp=clamp)
-        tail = remaining - full
-        if tail >= self.min_chunk:
-            return ChunkDecision(full, fallback=False, clamp=clamp)
-        if (remaining <= budget_cap
-                and self.model.chunk_cost_ms(history, remaining) <= TAIL_FOLD_TOLERANCE * t
-                and self._fold_keeps_order(history, remaining, full, t, budget_cap)):
-            return ChunkDecision(remaining, fallback=False, clamp="tail_fold")
-        half = -(-remaining // 2)
-        half = -(-half // self.alignment) * self.alignment
-        if half < full:
-            return ChunkDecision(half, fallback=False, clamp="tail_split")
-        return ChunkDecision(full, fallback=False, clamp=clamp)
-
-    def _fold_keeps_order(self, history: int, remaining: int, full: int, t: float,
-                          budget_cap: int) -> bool:
-        """Would folding keep this chunk no larger than the previous chunk of the prompt?
-
-        The previous chunk (if any) was ``full(L')`` at ``L' = L - full(L')``. Because ``full``
-        does not grow with history, it is at least ``full(L - full(L))``; when
-        ``L < full(L)`` there can be no previous chunk of that kind at all.
-        """
-        back = history - full
-        if back < 0:
-            return True
-        desired = self._desired(back, t)
-        if desired is None:
-            return False
-        before, _ = self._full_chunk(desired[0], budget_cap)
-        return remaining <= before
+        chunk, clamp = self.size(history, remaining, budget_cap, t)
+        if clamp is not FALLBACK:
+            return ChunkDecision(chunk, fallback=False, clamp=clamp)
+        if not t > 0:
+            return self._fixed(cap, f"the time budget ({t:.4g} ms) is not positive")
+        gamma_l = self.model.gamma * float(history)
+        return self._fixed(cap, f"no chunk size meets {t:.4g} ms at history {history}: "
+                                f"gamma*L alone is {gamma_l:.4g} ms")
 
     # -- a whole prompt -------------------------------------------------------------------
 
