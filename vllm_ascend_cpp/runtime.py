@@ -149,6 +149,7 @@ class CppRuntime:
         self._held: deque[list] = deque()
         self.prefix_hits: PrefixHits | None = None
         self._step_fault = faults.step_hook()  # test-only (faults.py); None when served
+        self._closed = False
 
     def use_executor(self, executor: Any) -> None:
         """Fetch every stage's step times through this executor (see stage_times.py)."""
@@ -473,6 +474,10 @@ class CppRuntime:
         )
 
     def close(self) -> None:
+        """Write what is held and the shutdown summary; once (later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         self.stages.flush(self._resolve)
         self._write_ready()
         logger.info("[CPP] at shutdown: %s", self.summary_line())

@@ -22,7 +22,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_ascend_cpp import compat
 from vllm_ascend_cpp.config import cpp_config_from_additional, validate_for_engine
 from vllm_ascend_cpp.guard import HotPathGuard
-from vllm_ascend_cpp.patch.executor import executor_for
+from vllm_ascend_cpp.patch.executor import before_shutdown, executor_for
 from vllm_ascend_cpp.runtime import CppRuntime
 from vllm_ascend_cpp.startup import run_startup
 
@@ -54,7 +54,11 @@ class _CppSchedulerMixin:
         """
         executor = executor_for(vllm_config)
         self.cpp.use_executor(executor)
+        before_shutdown(executor, self._close_cpp)
         run_startup(executor, self.cpp, vllm_config)
+
+    def _close_cpp(self) -> None:
+        self.cpp_guard.run("the shutdown summary", self.cpp.close)
 
     # *args/**kwargs: vLLM versions differ in what they pass (throttle_prefills, ...).
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -90,7 +94,7 @@ class _CppSchedulerMixin:
         return done
 
     def shutdown(self) -> None:
-        self.cpp_guard.run("the shutdown summary", self.cpp.close)
+        self._close_cpp()  # a no-op when the executor's shutdown already ran it
         super().shutdown()  # type: ignore[misc]
 
 

@@ -56,7 +56,9 @@ def edge_run(engine_root: Path) -> EngineRun:
         "max_num_batched_tokens": BUDGET,
         "max_model_len": MAX_LEN,
         "enable_prefix_caching": True,
-        "cpp_config": cpp_on(wd, num_samples=32, sample_repeats=2,
+        # No online calibration: with every step timed, trace lines wait for the stage times
+        # (a few steps), and the abort case reads the trace to abort mid-prefill.
+        "cpp_config": cpp_on(wd, num_samples=32, sample_repeats=2, online_calibration=False,
                              profile_cache_dir=str(wd / "profiles")),
         "extra": {"num_gpu_blocks_override": SMALL_KV_BLOCKS},
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from vllm_ascend_cpp import compat
@@ -19,6 +20,8 @@ from vllm_ascend_cpp.config import cpp_config_from_additional, validate_for_engi
 
 _MARK = "_cpp_wrapped"
 _executors: dict[int, weakref.ref] = {}
+# Called before an executor shuts its workers down (by id of the executor).
+_before_shutdown: dict[int, Callable[[], None]] = {}
 
 
 def select_classes(vllm_config: Any) -> None:
@@ -33,6 +36,34 @@ def select_classes(vllm_config: Any) -> None:
 def executor_for(vllm_config: Any) -> Any | None:
     ref = _executors.get(id(vllm_config))
     return ref() if ref is not None else None
+
+
+def before_shutdown(executor: Any, callback: Callable[[], None]) -> None:
+    """Run `callback` when `executor` starts shutting down, before its workers stop.
+
+    vLLM's EngineCore shuts the executor down before the scheduler, and a worker that is slow
+    to exit gets the engine-core process force-killed within seconds: the scheduler's own
+    shutdown (our summary line, the held trace lines) may then never run.
+    """
+    if executor is not None:
+        _before_shutdown[id(executor)] = callback
+        _wrap_shutdown(type(executor))
+
+
+def _wrap_shutdown(cls: type) -> None:
+    original = cls.shutdown
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        callback = _before_shutdown.pop(id(self), None)
+        if callback is not None:
+            callback()  # guarded by the caller: never raises
+        return original(self, *args, **kwargs)
+
+    setattr(shutdown, _MARK, True)
+    cls.shutdown = shutdown  # type: ignore[method-assign]
 
 
 def install() -> None:
