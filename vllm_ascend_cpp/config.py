@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from vllm_ascend_cpp import compat, faults
+from vllm_ascend_cpp.core.settings import CoreSettings
 from vllm_ascend_cpp.log import logger
 
 CONFIG_KEY = "cpp_config"
@@ -36,12 +37,13 @@ class CppConfig:
     smooth_factor: float = 1.0
     min_chunk: int | None = None  # None: min(4096, base_chunk // 4); AUTO_MIN_CHUNK for auto
     target: str = "base"
-    num_samples: int = 64
+    # The core's defaults, named once in core/settings.py.
+    num_samples: int = CoreSettings.num_samples
     sample_repeats: int = 1
-    online_calibration: bool = True
-    calibration_window: int = 256
-    max_failed_fits: int = 8
-    fallback_timing_period: int = 16
+    online_calibration: bool = CoreSettings.online_calibration
+    calibration_window: int = CoreSettings.calibration_window
+    max_failed_fits: int = CoreSettings.max_failed_fits
+    fallback_timing_period: int = CoreSettings.fallback_timing_period
     profile_cache_dir: str | None = DEFAULT_CACHE_DIR
     trace_file: str | None = None
     log_interval_s: float = 60.0
