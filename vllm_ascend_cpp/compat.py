@@ -11,7 +11,7 @@ import contextlib
 import heapq
 import inspect
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 # Oldest vLLM whose surfaces we use (see tools/check_vllm_compat.py and docs/compatibility.md).
@@ -602,13 +602,34 @@ def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], bool] | None:
     None where no such check is known (then the earlier answer is kept until the request is
     scheduled).
 
-    Only for a model with one full-attention KV cache group, no EAGLE/MTP drop, no context
-    parallelism and no replay window (the common dense model), where vLLM's hit is a run of
-    whole cached blocks from the start: the answer is stale when the run's last block left
-    the cache (evicted) or the block after it arrived (another request cached more of a shared
-    prefix). vLLM frees a request's blocks tail first, so eviction shortens a run from its end.
-    `BlockPool.get_cached_block` only reads, as in `prefix_cache_lookup`.
+    Only for the plain layout of `_plain_block_cache` (the common dense model), where vLLM's
+    hit is a run of whole cached blocks from the start: the answer is stale when the run's
+    last block left the cache (evicted) or the block after it arrived (another request cached
+    more of a shared prefix). vLLM frees a request's blocks tail first, so eviction shortens
+    a run from its end. `BlockPool.get_cached_block` only reads, as in `prefix_cache_lookup`.
     """
+    layout = _plain_block_cache(scheduler)
+    if layout is None:
+        return None
+    pool, block = layout
+    cached = pool.get_cached_block
+    group = [0]
+
+    def still(request: Any, hit: int) -> bool:
+        n = hit // block
+        hashes = request.block_hashes
+        if n and cached(hashes[n - 1], group) is None:
+            return False
+        limit = min((int(request.num_tokens) - 1) // block, len(hashes))
+        return not (n < limit and cached(hashes[n], group) is not None)
+
+    return still
+
+
+def _plain_block_cache(scheduler: Any) -> tuple[Any, int] | None:
+    """(block pool, block size) for a model with one full-attention KV cache group, no
+    EAGLE/MTP drop, no context parallelism and no replay window (the common dense model),
+    where vLLM's prefix hit is a run of whole cached blocks from the start; None otherwise."""
     manager = getattr(scheduler, "kv_cache_manager", None)
     coordinator = getattr(manager, "coordinator", None)
     if type(coordinator).__name__ != "UnitaryKVCacheCoordinator":
@@ -623,18 +644,51 @@ def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], bool] | None:
     block = int(coordinator.block_size)
     if int(getattr(pool, "hash_block_size", block)) != block:
         return None
+    return pool, block
+
+
+# (request, history, tokens) of a request scheduled earlier in the same step.
+ScheduledEarlier = tuple[Any, int, int]
+
+
+def prefix_cache_in_step(scheduler: Any) -> Callable[[Any, int, Sequence[ScheduledEarlier]],
+                                                     int] | None:
+    """A function giving the prefix a waiting request will find once the requests vLLM
+    schedules before it in the same step have cached their blocks; None where the layout is
+    not the plain one of `prefix_cache_probe`.
+
+    vLLM caches a request's full blocks when it allocates them (`allocate_slots` caches up to
+    `num_computed_tokens + num_new_tokens`, as read in 0.32), before the walk reaches the next
+    waiting request, whose own lookup then finds them: two requests that share a system prompt
+    and are admitted in one step compute it once. The hashes are chained (a block's hash covers
+    every token before it), so block i of one request equals block i of another exactly when
+    their first (i + 1) blocks match. Blocks evicted in the same step (the pool is short and an
+    earlier request's new blocks take them) are not foreseen.
+    """
+    layout = _plain_block_cache(scheduler)
+    if layout is None:
+        return None
+    pool, block = layout
     cached = pool.get_cached_block
     group = [0]
 
-    def still(request: Any, hit: int) -> bool:
-        n = hit // block
+    def extend(request: Any, hit: int, earlier: Sequence[ScheduledEarlier]) -> int:
         hashes = request.block_hashes
-        if n and cached(hashes[n - 1], group) is None:
-            return False
         limit = min((int(request.num_tokens) - 1) // block, len(hashes))
-        return not (n < limit and cached(hashes[n], group) is not None)
+        i = hit // block
+        spans = [(r.block_hashes, h // block, (h + n) // block) for r, h, n in earlier]
+        grew = False
+        while i < limit:
+            want = hashes[i]
+            if any(first <= i < end and i < len(theirs) and theirs[i] == want
+                   for theirs, first, end in spans):
+                grew = True
+            elif not (grew and cached(want, group) is not None):
+                break  # before growing, the lookup already found block i missing
+            i += 1
+        return i * block if grew else hit
 
-    return still
+    return extend
 
 
 def finished_request_ids(scheduler_output: Any) -> Iterable[str]:

@@ -14,11 +14,19 @@ Between the lookup and the step that schedules the request, the cache may change
 allows a cheap check (`compat.prefix_cache_probe`: two hash-table reads), the kept answers of
 the waiting requests a step can reach are checked every step and looked up again when stale.
 Elsewhere a stale answer shows as a plan that differs from what ran, in the trace.
+
+Within one step, vLLM caches each scheduled request's full blocks as it allocates them, so a
+waiting request admitted after another that shares its prefix finds more than the lookup
+before the step did (a burst of requests with one system prompt computes it once).
+`grown_in_step` finds those requests in a plan (`compat.prefix_cache_in_step` does the block
+matching); the runtime then plans again with their longer history. Blocks vLLM evicts within
+the step, to place an earlier request in a full pool, are not foreseen: such a plan shows as
+a mismatch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 # Far above any admission limit (only admissible waiting requests are looked up): a safety
@@ -29,9 +37,12 @@ MAX_ENTRIES = 65536
 class PrefixHits:
     def __init__(self, lookup: Callable[[Any], int],
                  probe: Callable[[Any, int], bool] | None = None,
-                 max_entries: int = MAX_ENTRIES) -> None:
+                 max_entries: int = MAX_ENTRIES,
+                 in_step: Callable[[Any, int, Sequence[tuple[Any, int, int]]], int] | None
+                 = None) -> None:
         self._lookup = lookup
         self._probe = probe
+        self._in_step = in_step
         self._max_entries = max_entries
         self._hits: dict[str, tuple[int, int]] = {}  # req_id -> (num_tokens, hit)
         self.lookups = 0
@@ -64,3 +75,28 @@ class PrefixHits:
 
     def clear(self) -> None:
         self._hits.clear()
+
+    @property
+    def sees_in_step(self) -> bool:
+        return self._in_step is not None
+
+    def grown_in_step(self, requests: Mapping[str, Any],
+                      items: Sequence[tuple[str, int, int, bool]]) -> dict[str, int]:
+        """Requests of a plan (`(req_id, history, tokens, is_prefill)` in walk order) that
+        start with nothing computed and will find a longer prefix than planned, because
+        requests before them in the same step cache it: req_id -> that prefix in tokens."""
+        extend = self._in_step
+        grown: dict[str, int] = {}
+        if extend is None or len(items) < 2:
+            return grown
+        earlier: list[tuple[Any, int, int]] = []
+        for rid, history, tokens, _ in items:
+            req = requests.get(rid)
+            if req is None:
+                break
+            if earlier and req.num_computed_tokens == 0:
+                hit = extend(req, history, earlier)
+                if hit > history:
+                    grown[rid] = hit
+            earlier.append((req, history, tokens))
+        return grown

@@ -38,6 +38,8 @@ PENDING_DEPTHS = 4
 # Trace lines held back while earlier timed steps wait for their stage times; beyond this the
 # oldest is written with what is known, so memory stays bounded.
 _MAX_HELD_LINES = 512
+# Plans a step may take when waiting requests share prefixes cached within the step.
+_SHARED_PREFIX_REPLANS = 2
 # Policies a benchmark may switch one engine between (set_bench_policy); never operator input.
 BENCH_MODES = ("fixed", "base", "auto")
 
@@ -155,10 +157,11 @@ class CppRuntime:
         """Fetch every stage's step times through this executor (see stage_times.py)."""
         self.stages = StageTimes(executor, self.facts.pp_size * self.facts.tp_size)
 
-    def attach_prefix_cache(self, lookup: Any, probe: Any = None) -> None:
-        """Use vLLM's prefix cache when planning (`compat.prefix_cache_lookup` and
-        `compat.prefix_cache_probe` functions)."""
-        self.prefix_hits = PrefixHits(lookup, probe) if lookup is not None else None
+    def attach_prefix_cache(self, lookup: Any, probe: Any = None, in_step: Any = None) -> None:
+        """Use vLLM's prefix cache when planning (`compat.prefix_cache_lookup`,
+        `compat.prefix_cache_probe` and `compat.prefix_cache_in_step` functions)."""
+        self.prefix_hits = PrefixHits(lookup, probe, in_step=in_step) \
+            if lookup is not None else None
 
     def prefix_cache_reset(self) -> None:
         if self.prefix_hits is not None:
@@ -258,9 +261,34 @@ class CppRuntime:
         if not any(c.is_prefill for c in candidates):
             return None  # decode-only steps: nothing to size, keep vLLM's budget
         plan = self.manager.plan_step(candidates, max_budget=self.max_budget)
+        hits = self.prefix_hits
+        if hits is not None and hits.sees_in_step and not plan.fallback:
+            plan = self._replan_for_shared_prefixes(scheduler, candidates, plan)
         if plan.fallback:
             return None
         self.steps_planned += 1
+        return plan
+
+    def _replan_for_shared_prefixes(self, scheduler: Any, candidates: list[Candidate],
+                                    plan: StepPlan) -> StepPlan:
+        """Plan again while a waiting request of the plan will find more cached than its
+        lookup did, cached by requests before it in this step (prefix_hits.py). Each round
+        only lengthens histories, and a plan rarely holds more than one such request: two
+        rounds settle it; a third change would show as a plan mismatch."""
+        hits = self.prefix_hits
+        assert hits is not None
+        requests = scheduler.requests
+        for _ in range(_SHARED_PREFIX_REPLANS):
+            grown = hits.grown_in_step(requests, plan.items)
+            if not grown:
+                break
+            cap = compat.operator_prefill_cap(scheduler)
+            candidates = [c if c.req_id not in grown
+                          else _at_history(c, requests[c.req_id], grown[c.req_id], cap)
+                          for c in candidates]
+            plan = self.manager.plan_step(candidates, max_budget=self.max_budget)
+            if plan.fallback:
+                break
         return plan
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
@@ -489,3 +517,13 @@ def _round(x: float | None) -> float | None:
     if x is None or x != x:
         return None
     return round(float(x), 4)
+
+
+def _at_history(candidate: Candidate, request: Any, history: int, cap: int) -> Candidate:
+    """A waiting request's candidate starting at ``history`` (a longer cached prefix), its
+    work seen through the operator's cap as `CppRuntime.candidates` does."""
+    need = candidate.remaining + candidate.history - history
+    if cap > 0:
+        _, full, _ = compat.request_progress(request)
+        need = min(full - history, cap)
+    return Candidate(candidate.req_id, history, need, history < request.num_prompt_tokens)

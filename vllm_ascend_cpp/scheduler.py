@@ -41,7 +41,8 @@ class _CppSchedulerMixin:
         self.cpp = CppRuntime(resolved, facts)
         self.cpp.max_budget = compat.step_token_limit(self)
         self.cpp.attach_prefix_cache(compat.prefix_cache_lookup(self),
-                                     compat.prefix_cache_probe(self))
+                                     compat.prefix_cache_probe(self),
+                                     compat.prefix_cache_in_step(self))
         self.cpp_guard = HotPathGuard()
         self.start_cpp(vllm_config)
 

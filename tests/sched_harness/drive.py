@@ -14,8 +14,12 @@ Checked on every `schedule()` call:
   "unexplained" is a failure:
     kv_preemption     vLLM preempted a request this step (KV cache full)
     kv_blocks         vLLM's KV cache manager refused to allocate a request's slots
+    prefix_evicted    a request admitted this step started at a shorter cached prefix than
+                      planned because vLLM evicted the missing blocks during this very step
+                      (to place requests before it in a full pool); the plan had the prefix
+                      vLLM's own `get_computed_blocks` gave just before the step
     prefix_hit_unseen a request admitted this step started at a cached prefix the plan did
-                      not carry (0 once the planner looks cached prefixes up)
+                      not carry
 - the scheduler's budgets and caps are the same after the step as before it;
 - no request got more than the operator's `long_prefill_token_threshold` when vLLM applies it
   (more than one request eligible; floored at max_num_batched_tokens // eligible when
@@ -38,7 +42,7 @@ from vllm_ascend_cpp import compat
 from .build import MODELS, build_scheduler
 from .traffic import Pattern, block_hasher, make_request
 
-REASONS = ("kv_preemption", "kv_blocks", "prefix_hit_unseen", "unexplained")
+REASONS = ("kv_preemption", "kv_blocks", "prefix_evicted", "prefix_hit_unseen", "unexplained")
 # Engine iterations a pattern may take per request-token before the harness calls it stuck.
 _ITERATION_SLACK = 64
 
@@ -114,15 +118,17 @@ def _past_prompt(req: Any) -> bool:
 
 
 class _Observed:
-    """Hooks on one scheduler: the plan each schedule() used and KV allocations refused.
+    """Hooks on one scheduler: the plan each schedule() used, KV allocations refused and
+    cached blocks evicted.
 
-    Both wrap bound methods on the instance (the plugin's runtime, vLLM's KV cache manager)
-    without changing what they return.
+    They wrap bound methods on the instance (the plugin's runtime, vLLM's KV cache manager
+    and block pool) without changing what they return.
     """
 
     def __init__(self, sched: Any) -> None:
         self.plan: Any = None
         self.refused: list[str] = []
+        self.evicted: set[int] = set()
         runtime = getattr(sched, "cpp", None)
         if runtime is not None:
             plan = runtime.plan
@@ -142,10 +148,21 @@ class _Observed:
             return blocks
 
         kv.allocate_slots = record_allocate
+        pool = kv.block_pool
+        evict = pool._maybe_evict_cached_block
+
+        def record_evict(block: Any) -> bool:
+            gone = evict(block)
+            if gone:
+                self.evicted.add(block.block_id)
+            return gone
+
+        pool._maybe_evict_cached_block = record_evict
 
     def reset(self) -> None:
         self.plan = None
         self.refused.clear()
+        self.evicted.clear()
 
 
 class PatternRun:
@@ -179,6 +196,13 @@ class PatternRun:
         waiting_ids = {r.request_id for r in sched.waiting} | {
             r.request_id for r in sched.kv_holding_waiting}
         in_flight = [r.request_id for r in sched.running if r.num_output_placeholders > 0]
+        # What vLLM's own lookup finds for each fresh waiting request before the step.
+        kv = sched.kv_cache_manager
+        before_hits = {}
+        for r in (*sched.waiting, *sched.kv_holding_waiting):
+            if r.num_computed_tokens == 0:
+                blocks, hit = kv.get_computed_blocks(r)[:2]
+                before_hits[r.request_id] = (hit, [b.block_id for b in blocks.blocks[0]])
         self.obs.reset()
         out = sched.schedule()
         if _limits(sched) != before:
@@ -198,7 +222,7 @@ class PatternRun:
         plan = self.obs.plan
         if plan is not None:
             self._count_caps(plan, running + waiting)
-            self._compare(plan, actual, hits, preempted)
+            self._compare(plan, actual, hits, preempted, before_hits)
         self._check_decodes(actual)
         self.samplers[id(out)] = {
             rid for rid in actual if not sched.requests[rid].is_prefill_chunk}
@@ -235,7 +259,7 @@ class PatternRun:
                 self.tally.cap_operator += 1
 
     def _compare(self, plan: Any, actual: dict, hits: list[str],
-                 preempted: tuple[str, ...]) -> None:
+                 preempted: tuple[str, ...], before_hits: dict) -> None:
         """Match, or name vLLM's reason; the reason must account for the first difference."""
         self.tally.planned_steps += 1
         planned = {i.req_id: (i.history, i.tokens) for i in plan.items}
@@ -261,6 +285,9 @@ class PatternRun:
                 reason = "kv_preemption"
         elif self.obs.refused and k == len(a) and k < len(p) and p[k][0] in self.obs.refused:
             reason = "kv_blocks"  # admission stopped at the request it could not place
+        elif k < len(a) and k < len(p) and a[k][0] == p[k][0] \
+                and self._evicted_in_step(a[k][0], a[k][1][0], p[k][1][0], before_hits):
+            reason = "prefix_evicted"  # what follows shifts with the budget it took
         elif k < len(a) and k < len(p) and a[k][0] == p[k][0] and a[k][0] in hits \
                 and a[k][1][0] != p[k][1][0]:
             reason = "prefix_hit_unseen"  # what follows shifts with the budget it freed
@@ -269,6 +296,15 @@ class PatternRun:
             self.fail(f"step {self.tally.steps}: vLLM scheduled {actual}, the plan said "
                       f"{planned} (budget {plan.token_budget}, cap {plan.prefill_cap}, "
                       f"refused {self.obs.refused}, preempted {preempted})")
+
+    def _evicted_in_step(self, rid: str, ran_from: int, planned_from: int,
+                         before_hits: dict) -> bool:
+        """The plan carried vLLM's own pre-step hit, and vLLM evicted part of it in this step."""
+        hit, block_ids = before_hits.get(rid, (0, []))
+        if not ran_from < planned_from == hit:
+            return False
+        size = self.shape.block_size
+        return any(b in self.obs.evicted for b in block_ids[ran_from // size:hit // size])
 
     def _check_decodes(self, actual: dict) -> None:
         bound = self.shape.in_flight + 1

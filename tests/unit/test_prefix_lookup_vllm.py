@@ -210,3 +210,44 @@ def test_no_probe_where_the_layout_is_not_plain() -> None:
     manager.coordinator.eagle_group_ids = {0}  # EAGLE drops the last block: no simple check
     assert compat.prefix_cache_probe(Sched(manager)) is None
     assert compat.prefix_cache_probe(Sched(make_manager())) is not None
+
+
+def test_in_step_growth_is_what_vllm_finds_after_the_earlier_allocations() -> None:
+    """Requests admitted one after another in a step, as schedule() does: each is allocated
+    (and caches its full blocks) before the next is looked up. The growth predicted before
+    any allocation, from the earlier requests' (history, tokens), must equal vLLM's own
+    lookup at the moment the walk reaches the request."""
+    rng = random.Random(7)
+    checked = grew = 0
+    for _ in range(60):
+        manager = make_manager(num_blocks=400, events=False)
+        sched = Sched(manager)
+        lookup, extend = compat.prefix_cache_lookup(sched), compat.prefix_cache_in_step(sched)
+        assert lookup is not None and extend is not None
+        docs = [[rng.randrange(1, 30000) for _ in range(400)] for _ in range(2)]
+        if rng.random() < 0.5:  # something of one document already cached
+            run_to_completion(manager, make_request("old", docs[0][:rng.randrange(1, 300)]))
+        reqs = []
+        for i in range(rng.randrange(2, 5)):
+            doc = docs[rng.randrange(2)]
+            shared = rng.randrange(0, 400)
+            tail = [rng.randrange(30000, 40000) for _ in range(rng.randrange(1, 60))]
+            reqs.append(make_request(f"r{i}", doc[:shared] + tail))
+        # The plan before the step: each request at its pre-step hit, tokens chosen by a
+        # chunk size (here random), as the planner would.
+        plan = []
+        for req in reqs:
+            hit = lookup(req)
+            plan.append((req, hit, rng.randrange(1, req.num_tokens - hit + 1)))
+        for k, (req, hit, _) in enumerate(plan):
+            predicted = extend(req, hit, [(r, h, n) for r, h, n in plan[:k]])
+            blocks, truth, _ = manager.get_computed_blocks(req)
+            assert predicted == truth, (k, hit, predicted, truth)
+            checked += 1
+            grew += predicted > hit
+            # vLLM's walk admits it with its true hit and the planned number of new tokens
+            # (the planned count covers at least as much as it would at the true hit).
+            n = min(plan[k][2], req.num_tokens - truth)
+            assert manager.allocate_slots(req, n, truth, blocks) is not None
+            plan[k] = (req, truth, n)
+    assert checked > 100 and grew > 10, (checked, grew)
