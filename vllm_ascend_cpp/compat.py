@@ -611,25 +611,24 @@ def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], bool] | None:
     layout = _plain_block_cache(scheduler)
     if layout is None:
         return None
-    pool, block = layout
-    cached = pool.get_cached_block
-    group = [0]
+    cached, block = layout
 
     def still(request: Any, hit: int) -> bool:
         n = hit // block
         hashes = request.block_hashes
-        if n and cached(hashes[n - 1], group) is None:
+        if n and not cached(hashes[n - 1]):
             return False
         limit = min((int(request.num_tokens) - 1) // block, len(hashes))
-        return not (n < limit and cached(hashes[n], group) is not None)
+        return not (n < limit and cached(hashes[n]))
 
     return still
 
 
-def _plain_block_cache(scheduler: Any) -> tuple[Any, int] | None:
-    """(block pool, block size) for a model with one full-attention KV cache group, no
-    EAGLE/MTP drop, no context parallelism and no replay window (the common dense model),
-    where vLLM's prefix hit is a run of whole cached blocks from the start; None otherwise."""
+def _plain_block_cache(scheduler: Any) -> tuple[Callable[[Any], bool], int] | None:
+    """(is a block hash cached, block size) for a model with one full-attention KV cache
+    group, no EAGLE/MTP drop, no context parallelism and no replay window (the common dense
+    model), where vLLM's prefix hit is a run of whole cached blocks from the start; None
+    otherwise."""
     manager = getattr(scheduler, "kv_cache_manager", None)
     coordinator = getattr(manager, "coordinator", None)
     if type(coordinator).__name__ != "UnitaryKVCacheCoordinator":
@@ -644,7 +643,13 @@ def _plain_block_cache(scheduler: Any) -> tuple[Any, int] | None:
     block = int(coordinator.block_size)
     if int(getattr(pool, "hash_block_size", block)) != block:
         return None
-    return pool, block
+    get = pool.get_cached_block
+    group = [0]
+
+    def cached(block_hash: Any) -> bool:
+        return get(block_hash, group) is not None
+
+    return cached, block
 
 
 # (request, history, tokens) of a request scheduled earlier in the same step.
@@ -668,9 +673,7 @@ def prefix_cache_in_step(scheduler: Any) -> Callable[[Any, int, Sequence[Schedul
     layout = _plain_block_cache(scheduler)
     if layout is None:
         return None
-    pool, block = layout
-    cached = pool.get_cached_block
-    group = [0]
+    cached, block = layout
 
     def extend(request: Any, hit: int, earlier: Sequence[ScheduledEarlier]) -> int:
         hashes = request.block_hashes
@@ -683,7 +686,7 @@ def prefix_cache_in_step(scheduler: Any) -> Callable[[Any, int, Sequence[Schedul
             if any(first <= i < end and i < len(theirs) and theirs[i] == want
                    for theirs, first, end in spans):
                 grew = True
-            elif not (grew and cached(want, group) is not None):
+            elif not (grew and cached(want)):
                 break  # before growing, the lookup already found block i missing
             i += 1
         return i * block if grew else hit
