@@ -54,13 +54,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import ratio_stats as rs  # noqa: E402
+from benchmarks.engine_setup import (  # noqa: E402
+    BENCH_MODEL,
+    TraceLog,
+    bench_mode,
+    cpp_settings,
+    engine_kwargs,
+)
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import set_cpu_env  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
-
-# A wider MLP than the test model: attention is then 50-80% of the last chunk's cost at 16k
-# (printed from the fitted profile), instead of ~95% with the tiny test model.
-BENCH_MODEL = {"intermediate_size": 4096, "num_hidden_layers": 2}
 
 
 def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int) -> list[dict]:
@@ -130,24 +133,6 @@ def prefill_cv_and_bubbles(trace: list[dict], stages: int) -> dict:
     busy = stages * sum(times)
     bubbles = 1 - busy / (stages * makespan)
     return {"prefill_steps": len(times), "cv": cv, "bubble_fraction": bubbles}
-
-
-def engine_kwargs(args: argparse.Namespace, model_dir: Path, budget: int, cpp: dict) -> dict:
-    return dict(
-        model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
-        pipeline_parallel_size=2, enforce_eager=True, enable_chunked_prefill=True,
-        max_num_batched_tokens=budget, max_model_len=args.max_model_len,
-        max_num_seqs=16, dtype="bfloat16", enable_prefix_caching=False,
-        distributed_executor_backend="mp", seed=0,
-        additional_config={"cpp_config": cpp},
-    )
-
-
-def cpp_settings(trace: Path, work: Path, extra: dict) -> dict:
-    # A window larger than the run keeps every step timed (the default times one step in 16
-    # once the model predicts well), so the prefill CV covers every step of every policy.
-    return {"enabled": True, "trace_file": str(trace), "profile_cache_dir": str(work / "profiles"),
-            "sample_repeats": 3, "calibration_window": 8192, **extra}
 
 
 def cells(args: argparse.Namespace, rnd: int) -> list[tuple[str, int, list[list[int]]]]:
@@ -239,10 +224,6 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
     served = refit_from_trace(trace.read(), report.get("samples"))
     return {"results": results, "report": report,
             "served_model": served.to_dict() if served is not None else None}
-
-
-def bench_mode(pol: dict) -> str:
-    return {"fixed": "fixed", "auto": "auto"}.get(pol["cpp"].get("target", "base"), "base")
 
 
 def closed_loop_steps(llm: Any, prompts: list[list[int]], k: int, out_len: int) -> dict:
@@ -353,27 +334,6 @@ def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: lis
     except ValueError:
         return None
     return res.mean_ttft_ms / 1e3
-
-
-class TraceLog:
-    """The trace file's lines, parsed once: each read parses only what was appended since.
-    A one-engine run writes hundreds of thousands of lines; re-reading them for every cell
-    would cost more than the cells."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.lines: list[dict] = []
-        self._pos = 0
-
-    def read(self) -> list[dict]:
-        if self.path.exists():
-            with open(self.path, "rb") as fh:
-                fh.seek(self._pos)
-                data = fh.read()
-            end = data.rfind(b"\n") + 1  # whole lines only; the writer may be mid-line
-            self._pos += end
-            self.lines += [json.loads(x) for x in data[:end].splitlines() if x.strip()]
-        return self.lines
 
 
 # The forecast refits on at most this many recent steps: the engine's own calibration window.

@@ -44,6 +44,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import ratio_stats as rs  # noqa: E402
+from benchmarks.engine_setup import (  # noqa: E402
+    BENCH_MODEL,
+    TraceLog,
+    bench_mode,
+    cpp_settings,
+    engine_kwargs,
+)
+from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
+from vllm_ascend_cpp.testing.cpu_env import set_cpu_env  # noqa: E402
+from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
 MESSAGE_MIN = 500
 MESSAGE_MAX = 4000
@@ -221,10 +231,8 @@ def ttft_by_turn(turns: Sequence[dict]) -> dict[str, float]:
 
 def run_multiturn(args: Any, work: Path) -> dict:
     """Every policy on one in-process engine, prefix caching on; rounds interleaved."""
-    from benchmarks import bench_engine as be
-
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    be.set_cpu_env(kv_cache_gib=args.kv_gib)
+    set_cpu_env(kv_cache_gib=args.kv_gib)
     from vllm import LLM
 
     from vllm_ascend_cpp import compat
@@ -233,11 +241,11 @@ def run_multiturn(args: Any, work: Path) -> dict:
     if args.only:
         pols = [p for p in pols if p["name"] in args.only]
     model_dir = work / "model"
-    be.write_tiny_llama(model_dir, overrides=be.BENCH_MODEL)
+    write_tiny_llama(model_dir, overrides=BENCH_MODEL)
     trace_path = work / "trace-multiturn.jsonl"
-    trace = be.TraceLog(trace_path)
-    cpp = be.cpp_settings(trace_path, work, {"calibration_window": CALIBRATION_WINDOW})
-    kwargs = be.engine_kwargs(args, model_dir, max(p["budget"] for p in pols), cpp)
+    trace = TraceLog(trace_path)
+    cpp = cpp_settings(trace_path, work, {"calibration_window": CALIBRATION_WINDOW})
+    kwargs = engine_kwargs(args, model_dir, max(p["budget"] for p in pols), cpp)
     kwargs["enable_prefix_caching"] = True
     llm = LLM(**kwargs)
     runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
@@ -251,7 +259,7 @@ def run_multiturn(args: Any, work: Path) -> dict:
         report = json.loads(Path(str(trace_path) + ".report.json").read_text())
 
         def use(pol: dict) -> None:
-            runtime.set_bench_policy(be.bench_mode(pol), pol["budget"])
+            runtime.set_bench_policy(bench_mode(pol), pol["budget"])
             runtime.set_bench_prefix_lookup(pol["lookup"])
             # Each policy starts cold: a hit must come from its own earlier turns.
             if not llm.reset_prefix_cache():
@@ -289,7 +297,7 @@ def run_multiturn(args: Any, work: Path) -> dict:
         runtime.set_bench_policy(None)
         runtime.set_bench_prefix_lookup(True)
     finally:
-        be.harness.shutdown(llm)
+        harness.shutdown(llm)
     return {"runs": runs, "report": report}
 
 

@@ -72,14 +72,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import ratio_stats as rs  # noqa: E402
+from benchmarks.engine_setup import BENCH_MODEL  # noqa: E402
 from tests.serving import ServerProcess, free_port, vllm_cli_command  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import KV_CACHE_GIB  # noqa: E402
 from vllm_ascend_cpp.testing.server import ServerSpec, operator_command  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
-# The model of benchmarks/bench_engine.py: a wider MLP than the test model, so attention is a
-# realistic share (not ~95%) of the last chunk's cost at long prompts.
-BENCH_MODEL = {"intermediate_size": 4096, "num_hidden_layers": 2}
 METRICS = (
     "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
     "request_throughput", "output_throughput", "total_token_throughput",
