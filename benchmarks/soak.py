@@ -1,6 +1,7 @@
 """Soak: hundreds of requests of random length at random times, on the real engine, CPP on.
 
-PP=2 on the vLLM CPU engine, online calibration on, vLLM's serving engine (AsyncLLM) driven by
+PP=2 on the vLLM CPU engine, online calibration on, prefix caching on (vLLM's default;
+`--no-prefix-caching` for the lab path), vLLM's serving engine (AsyncLLM) driven by
 tests/integration/engine_job.py. Prompt lengths are uniform in [min_len, max_len], output
 lengths uniform in [1, max_tokens], arrivals a Poisson process of the given rate (the whole
 arrival span is capped at max_arrival_s by compressing it). Checked and reported:
@@ -84,7 +85,8 @@ def workload(n: int, *, min_len: int, max_len: int, max_tokens: int, rate: float
 
 def job_spec(workdir: Path, batch: dict, *, warmup: dict | None = None,
              rss_every_s: float = 5.0, num_samples: int = 64, sample_repeats: int = 3,
-             target: str = "base", env: dict | None = None) -> dict:
+             target: str = "base", env: dict | None = None,
+             prefix_caching: bool = True) -> dict:
     cpp = {
         "enabled": True,
         "trace_file": str(workdir / "trace.jsonl"),
@@ -97,7 +99,8 @@ def job_spec(workdir: Path, batch: dict, *, warmup: dict | None = None,
     }
     engine = {"model_dir": str(workdir / "tiny-llama"), "max_num_batched_tokens": BUDGET,
               "max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS,
-              "pipeline_parallel_size": PP, "cpp_config": cpp}
+              "pipeline_parallel_size": PP, "cpp_config": cpp,
+              "enable_prefix_caching": prefix_caching}
     batches = ([warmup] if warmup else []) + [batch]
     # 1 GiB of KV per stage holds 500k tokens here, far more than 16 running 12k prompts.
     return {"driver": "async", "engine": engine, "batches": batches,
@@ -362,6 +365,8 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--target", default="base", choices=["base", "auto", "fixed"],
                     help="cpp_config.target; 'fixed' keeps vLLM's fixed chunks (A/B baseline)")
+    ap.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                    help="turn vLLM's prefix caching off (on by default, as in vLLM)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for the engine (e.g. malloc tuning)")
     ap.add_argument("--compare", action="append", default=[], metavar="LABEL=JSON",
@@ -376,7 +381,8 @@ def main() -> int:
                      max_arrival_s=args.max_arrival_s, seed=args.seed)
     warmup = {"lengths": [3000, 700, 9000, 150], "max_tokens": 4, "seed": 99}
     env = dict(kv.split("=", 1) for kv in args.env)
-    spec = job_spec(workdir, batch, warmup=warmup, target=args.target, env=env)
+    spec = job_spec(workdir, batch, warmup=warmup, target=args.target, env=env,
+                    prefix_caching=args.prefix_caching)
     started = time.time()
     if args.reanalyse:
         spec = json.loads((workdir / "spec.json").read_text())
