@@ -84,13 +84,19 @@ class PrefixHits:
                       items: Sequence[tuple[str, int, int, bool]]) -> dict[str, int]:
         """Requests of a plan (`(req_id, history, tokens, is_prefill)` in walk order) that
         start with nothing computed and will find a longer prefix than planned, because
-        requests before them in the same step cache it: req_id -> that prefix in tokens."""
+        prefill chunks before them in the same step cache it: req_id -> that prefix in
+        tokens."""
         extend = self._in_step
         grown: dict[str, int] = {}
         if extend is None or len(items) < 2:
             return grown
+        # Only prefill chunks are matched: a decode caches a block of generated tokens, which
+        # no waiting prompt can share (a next turn needs the whole reply). With hundreds of
+        # decodes in a step this keeps the pass to a field check per decode.
         earlier: list[tuple[Any, int, int]] = []
-        for rid, history, tokens, _ in items:
+        for rid, history, tokens, is_prefill in items:
+            if not is_prefill:
+                continue
             req = requests.get(rid)
             if req is None:
                 break
