@@ -429,6 +429,9 @@ BAR_ROWS = (
      1.02, "le"),
     (("c2-fixed", "c2-var", "c4-fixed", "c4-var"), "cpp-auto-{auto}", "{tuned}", "throughput",
      0.98, "ge"),
+    # Issue 13: auto never worse than base (the default budget, prompt/8).
+    (("c2-fixed", "c2-var", "c4-fixed", "c4-var"), "cpp-auto-{auto}", "cpp-base-{p8}", "ttft",
+     1.00, "le"),
 )
 
 
@@ -441,7 +444,8 @@ def bar_verdict(r: rs.Ratio, bar: float, how: str) -> str:
 
 
 def bars(table: dict, meta: dict) -> list[dict]:
-    """Issue 14's acceptance bars, each met / missed / not resolvable from the intervals."""
+    """Issues 13 and 14's acceptance bars, each met / missed / not resolvable from the
+    intervals."""
     p = meta["prompt_len"]
     auto = meta.get("auto_budget", 8192)
     out = []
@@ -591,7 +595,7 @@ def markdown(table: dict, meta: dict) -> str:
               f"off (worst {worst:.1%}).", ""]
     b = bars(table, meta)
     if b:
-        lines += ["## Bars (issue 14)", "",
+        lines += ["## Bars (issues 13 and 14)", "",
                   "| setting | policy | against | metric | bar | ratio [95% interval] | result |",
                   "|---|---|---|---|---|---|---|"]
         for row in b:
