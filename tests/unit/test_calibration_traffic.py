@@ -227,3 +227,32 @@ def test_a_busy_host_that_slows_equal_cost_steps_is_followed():
     assert "accepted" in kinds and "gave_up" not in kinds
     assert cal.prediction_error(REAL) > 0.3
     assert cal.prediction_error(current) < 0.15
+
+
+def test_after_a_noisy_stretch_gives_up_clean_timings_bring_it_back_within_a_quarter_window():
+    """A long window of noise made calibration give up in a 90-minute benchmark, and with the
+    noisy rows kept in the window no retry could pass until a whole window of clean rows
+    had replaced them (never, in that run). The window is emptied at the give-up: once the
+    noise stops, a quarter window of clean timed rows brings dynamic chunking back."""
+    steps = soak_steps(2, 200, seed=6)
+    rng = np.random.default_rng(6)
+    noisy = [(items, REAL.step_ms(items) * float(rng.uniform(0.1, 10.0)))
+             for items in steps[:len(steps) // 3]]
+    m = profiled()
+    _, events, _ = serve(m, noisy)
+    assert [e.kind for e in events].count("gave_up") == 1
+    clean = list(timed(steps[len(steps) // 3:], "plain", seed=6))
+    timed_rows = 0
+    back = None
+    for items, ms in clean:
+        if m.should_time_step():
+            timed_rows += 1
+            event = m.record_step(items, ms)
+            if event is not None and event.kind == "reenabled":
+                back = timed_rows
+                break
+    cal = m.calibrator
+    assert back is not None, "clean timings after the noise must re-enable dynamic chunking"
+    assert back <= cal.retry_rows + cal.refit_every, (back, cal.retry_rows)
+    assert back < cal.window  # the old rule waited for a whole window of clean rows at least
+    assert m.state is not CppState.FIXED_FALLBACK

@@ -32,9 +32,10 @@ the tolerance bounds the median error, not each step. Random timings, or a windo
 two machines, do not. A failed refit counts against calibration only while the model in use
 is grossly wrong too (median error above ``early_rel_residual``): a model that is as good as
 the timings allow is kept, since no fit and no fixed chunk would do better. After
-``max_failed_fits`` such refits in a row the calibrator gives up (one ``"gave_up"`` event). It
-keeps collecting the rows the caller still times and retries every ``refit_every`` new rows;
-a passing fit emits ``"reenabled"``.
+``max_failed_fits`` such refits in a row the calibrator gives up (one ``"gave_up"`` event) and
+empties its window of online rows. It keeps collecting the rows the caller still times and,
+once a quarter window of them is in, retries on those alone every ``refit_every`` new rows; a
+passing fit emits ``"reenabled"``.
 With no model in use at all (a rejected or missing startup fit), the first passing fit emits
 ``"rescued"``. Every call does a bounded amount of work; nothing blocks or loops on data.
 """
@@ -214,6 +215,12 @@ class OnlineCalibrator:
         return self.early_rel_residual - (self.early_rel_residual - self.max_rel_residual) * fill
 
     @property
+    def retry_rows(self) -> int:
+        """Online rows, timed since a give-up, before the first retry: a quarter window, so
+        that a few lucky rows of timings that stay erratic cannot bring the model back."""
+        return max(self.min_rows, self.window // 4)
+
+    @property
     def early_rows(self) -> int:
         """Online rows before the first refit."""
         if self.n_anchors:
@@ -222,6 +229,8 @@ class OnlineCalibrator:
 
     def _due(self) -> bool:
         if self.n_rows < self.early_rows:
+            return False
+        if self.gave_up and self.n_rows < self.retry_rows:
             return False
         # Refit often while the window is short (each row changes a lot), then settle.
         every = min(self.refit_every, max(2, self.n_rows // 4))
@@ -260,6 +269,12 @@ class OnlineCalibrator:
         self.failed_fits += 1
         if not self.gave_up and self.failed_fits >= self.max_failed_fits:
             self.gave_up = True
+            # The window is what failed: kept, it would outvote the rows of a quieter time
+            # for a whole window (thousands of steps at the fallback's timing rate). Retries
+            # fit the rows timed since, from `retry_rows` on.
+            self._rows.clear()
+            self._ms.clear()
+            self._new_rows = 0
             off = (f" while the model in use was {current_err:.0%} off"
                    if current is not None else "")
             return self._emit("gave_up", f"{self.failed_fits} refits in a row failed{off}, "
