@@ -1,6 +1,7 @@
 """Online calibration on the steps real serving produces, reproduced offline.
 
-The 300-request soak (benchmarks/results/soak.md) ran 23% of its steps in fixed fallback. No
+The 300-request soak (benchmarks/results/soak_memory.md) ran 23% of its steps in fixed
+fallback. No
 trace of it was kept, so the stream is rebuilt: the simulator's vLLM walk serves random
 prompts of 100..12k tokens at PP=2 with CPP on (prefill chunks with decodes riding along,
 several prefills per step, decode-only steps), each step timed from the real CPU engine's
