@@ -293,8 +293,13 @@ class CppRuntime:
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
         waiting = compat.waiting_requests(scheduler, compat.admission_slots(scheduler))
-        work = compat.running_work(scheduler) + self._waiting_work(waiting)
         cap = compat.operator_prefill_cap(scheduler)
+        # The fewest tokens a capped prefill can take in a step: what a request's work may
+        # shrink to in vLLM's walk, so what counts towards how far the walk can reach.
+        least = self.manager.predictor.alignment
+        if 0 < cap < least:
+            least = cap
+        work = compat.running_work(scheduler) + self._waiting_work(waiting, least)
         if cap > 0:
             # vLLM holds every request to the operator's cap whatever we plan: seen through
             # it, the plan sizes chunks under it and schedules what vLLM will.
@@ -302,13 +307,17 @@ class CppRuntime:
         make = Candidate._make
         return [make(t) for t in work]
 
-    def _waiting_work(self, waiting: list[Any]) -> list[tuple[str, int, int, bool]]:
+    def _waiting_work(self, waiting: list[Any],
+                      least: int = 1) -> list[tuple[str, int, int, bool]]:
         """Waiting requests' work, each starting after the prefix vLLM will find cached.
 
         Only requests this step's budget can reach are looked up (and their kept answers
-        re-checked): once the work of the requests before covers the largest budget, vLLM's
-        walk cannot get further this step, and a request further back is looked up when it
-        moves up. A burst of arrivals thus costs lookups only as the queue drains.
+        re-checked): once the requests before have covered the largest budget, vLLM's walk
+        cannot get further this step, and a request further back is looked up when it moves
+        up. A request covers its work or ``least`` tokens, whichever is smaller: a prefill cap
+        (CPP's or the operator's) can cut a long prompt's share of the step to that, and the
+        walk then reaches further. A burst of arrivals thus costs lookups only as the queue
+        drains.
         """
         work = compat.pending_work(waiting)
         hits = self.prefix_hits
@@ -329,7 +338,7 @@ class CppRuntime:
                 hit = hit_of(req, True)
                 if hit:
                     item = (item[0], hit, item[2] - hit, hit < req.num_prompt_tokens)
-            covered += item[2]
+            covered += item[2] if item[2] < least else least
             out.append(item)
         return out
 

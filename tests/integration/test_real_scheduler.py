@@ -196,6 +196,23 @@ def test_a_prefix_evicted_within_the_step_is_named() -> None:
     assert tally.mismatched_steps == 1, tally.report()
 
 
+def test_a_request_the_capped_walk_reaches_is_looked_up() -> None:
+    """Found by a CI run: a 257-token prompt ahead of a 17-token one whose first block is
+    cached, budget 256. Counted at its whole work the long prompt fills the budget, so the
+    short one was not looked up; but CPP caps the long prompt at 192 tokens and vLLM's walk
+    admits the short one too, at its cached prefix. The lookup's reach now counts a capped
+    prefill at the fewest tokens a cap can leave it."""
+    shape = EngineShape(max_model_len=1024, max_num_batched_tokens=256, max_num_seqs=5,
+                        num_blocks=65, prefix_caching=True, min_chunk=None,
+                        online_calibration=False)
+    spec = RequestSpec
+    reqs = (spec(0, 16, 1, 2, 16), spec(1, 17, 1), *(spec(0, 1, 1) for _ in range(4)),
+            spec(0, 257, 1))
+    tally = run_pattern(Pattern(shape, reqs, seed=0))
+    assert tally.prefix_hits == 1, tally.report()
+    _plain(tally)
+
+
 def _plain(tally: Tally) -> None:
     """Ample KV and no prefix caching: every planned step is exactly what vLLM ran."""
     assert tally.planned_steps > 0 and tally.matched_steps == tally.planned_steps, tally.report()

@@ -375,16 +375,26 @@ def test_our_failures_leave_the_step_to_vllm(caplog: pytest.LogCaptureFixture) -
 
 def test_only_requests_the_step_can_reach_are_looked_up() -> None:
     rt = runtime()  # budget 8192
-    lookup = CountingLookup({f"w{i}": 2048 for i in range(10)})
+    least = rt.manager.predictor.alignment  # the fewest tokens a capped prefill can take
+    n = 8192 // least + 20
+    lookup = CountingLookup({f"w{i}": 2048 for i in range(n)})
     rt.attach_prefix_cache(lookup)
-    waiting = [Req(f"w{i}", 5120) for i in range(10)]  # 3072 tokens each after the hit
-    cands = rt.candidates(Sched([], waiting))
-    # 3072 * 3 >= 8192: the walk cannot pass the third request this step.
-    assert lookup.calls == ["w0", "w1", "w2"]
-    assert [c.history for c in cands] == [2048] * 3 + [0] * 7
+    waiting = [Req(f"w{i}", 5120) for i in range(n)]
+
+    def sched(reqs: list[Req]) -> Sched:
+        out = Sched([], reqs)
+        out.max_num_running_reqs = 4 * n  # every one admissible: only the budget limits
+        return out
+
+    cands = rt.candidates(sched(waiting))
+    # Each prompt may be capped down to `least` tokens, so the walk may reach 8192 // least
+    # of them (it could not pass the third uncapped one): those are looked up, no further.
+    reach = 8192 // least
+    assert lookup.calls == [f"w{i}" for i in range(reach)]
+    assert [c.history for c in cands] == [2048] * reach + [0] * 20
     # As the queue drains, the next ones are looked up, each once.
-    rt.candidates(Sched([], waiting[1:]))
-    assert lookup.calls == ["w0", "w1", "w2", "w3"]
+    rt.candidates(sched(waiting[1:]))
+    assert lookup.calls == [f"w{i}" for i in range(reach + 1)]
 
 
 # ----- per-stage times under the guard -------------------------------------------------------
