@@ -263,20 +263,18 @@ class CppRuntime:
         plan = self.manager.plan_step(candidates, max_budget=self.max_budget)
         hits = self.prefix_hits
         if hits is not None and hits.sees_in_step and not plan.fallback:
-            plan = self._replan_for_shared_prefixes(scheduler, candidates, plan)
+            plan = self._replan_for_shared_prefixes(hits, scheduler, candidates, plan)
         if plan.fallback:
             return None
         self.steps_planned += 1
         return plan
 
-    def _replan_for_shared_prefixes(self, scheduler: Any, candidates: list[Candidate],
-                                    plan: StepPlan) -> StepPlan:
+    def _replan_for_shared_prefixes(self, hits: PrefixHits, scheduler: Any,
+                                    candidates: list[Candidate], plan: StepPlan) -> StepPlan:
         """Plan again while a waiting request of the plan will find more cached than its
         lookup did, cached by requests before it in this step (prefix_hits.py). Each round
         only lengthens histories, and a plan rarely holds more than one such request: two
         rounds settle it; a third change would show as a plan mismatch."""
-        hits = self.prefix_hits
-        assert hits is not None
         requests = scheduler.requests
         for _ in range(_SHARED_PREFIX_REPLANS):
             grown = hits.grown_in_step(requests, plan.items)
@@ -531,8 +529,8 @@ def _round(x: float | None) -> float | None:
 def _at_history(candidate: Candidate, request: Any, history: int, cap: int) -> Candidate:
     """A waiting request's candidate starting at ``history`` (a longer cached prefix), its
     work seen through the operator's cap as `CppRuntime.candidates` does."""
-    need = candidate.remaining + candidate.history - history
-    if cap > 0:
-        _, full, _ = compat.request_progress(request)
-        need = min(full - history, cap)
+    _, full, _ = compat.request_progress(request)  # nothing computed yet: its whole work
+    need = full - history
+    if 0 < cap < need:
+        need = cap
     return Candidate(candidate.req_id, history, need, history < request.num_prompt_tokens)
