@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import heapq
 import inspect
+import itertools
+import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -459,31 +461,42 @@ def request_progress(request: Any) -> tuple[int, int, bool]:
     return computed, max(remaining, 0), computed < prefill_end
 
 
-def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
-    """(req_id, history, tokens it still needs, is prefill) of each request that needs any.
-
-    The per-step hot path: attributes read directly (every supported vLLM has them, see
-    docs/_generated/vllm_compat_table.md), with `request_progress` as the slow fallback for
-    objects that lack one. For running requests use `running_work`, which also drops those
-    schedule() will skip.
-    """
-    out = []
-    append = out.append
+def work_item(request: Any) -> tuple[str, int, int, bool] | None:
+    """(req_id, history, tokens it still needs, is prefill) of one request, None when it needs
+    nothing. The attributes are read directly (every supported vLLM has them, see
+    docs/_generated/vllm_compat_table.md), `request_progress` is the fallback for objects that
+    lack one."""
     try:
-        for r in requests:
-            computed = r.num_computed_tokens
-            need = r.num_tokens_with_spec + r.num_output_placeholders - computed
-            if need > 0:
-                prompt = r.num_prompt_tokens
-                end = r.num_tokens - 1
-                append((r.request_id, computed, need, computed < (end if end > prompt else prompt)))
+        computed = request.num_computed_tokens
+        need = request.num_tokens_with_spec + request.num_output_placeholders - computed
+        if need <= 0:
+            return None
+        prompt = request.num_prompt_tokens
+        end = request.num_tokens - 1
+        return (request.request_id, computed, need,
+                computed < (end if end > prompt else prompt))
     except AttributeError:
-        out = []
-        for r in requests:
-            history, need, is_prefill = request_progress(r)
-            if need > 0:
-                out.append((r.request_id, history, need, is_prefill))
-    return out
+        history, need, is_prefill = request_progress(request)
+        return (request.request_id, history, need, is_prefill) if need > 0 else None
+
+
+def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
+    """`work_item` of each request that needs any.
+
+    For running requests use `running_work`, which also drops those schedule() will skip.
+    """
+    return [item for item in map(work_item, requests) if item is not None]
+
+
+def whole_prefills(requests: list[Any]) -> bool:
+    """Whether every request is a prompt with nothing computed yet: each then needs tokens and
+    is a prefill from history 0 (`work_item` gives `(id, 0, n > 0, True)`), whatever else it
+    holds. Two attribute reads a request, in C, for queues too long to build items for."""
+    return not any(map(_COMPUTED, requests)) and all(map(_PROMPT_TOKENS, requests))
+
+
+_COMPUTED = operator.attrgetter("num_computed_tokens")
+_PROMPT_TOKENS = operator.attrgetter("num_prompt_tokens")
 
 
 def running_work(scheduler: Any) -> list[tuple[str, int, int, bool]]:
@@ -725,7 +738,15 @@ def admission_slots(scheduler: Any) -> int:
 
 
 def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
-    """The first `limit` waiting requests in the order schedule() admits them.
+    """The first `limit` waiting requests in the order schedule() admits them
+    (`WaitingOrder` read to the end)."""
+    order = WaitingOrder(scheduler, limit)
+    return [*order, *order.rest()]
+
+
+class WaitingOrder:
+    """The first `limit` waiting requests in the order schedule() admits them, read lazily:
+    iterate for the first ones, then `rest()` gives the others in one pass.
 
     0.32: `kv_holding_waiting` is always drained before `waiting` (deferred requests stay in
     those queues, tagged in the `deferred_waiting` set). Up to 0.30: `skipped_waiting` comes
@@ -735,36 +756,70 @@ def waiting_requests(scheduler: Any, limit: int) -> list[Any]:
     preempted request whose earlier output is still in flight (`num_stale_output_tokens`,
     0.32) is skipped by schedule() until that output is back, so it is left out here too.
     """
-    if limit <= 0:
-        return []
+
+    __slots__ = ("_queue", "_left")
+
+    def __init__(self, scheduler: Any, limit: int) -> None:
+        self._left = max(0, int(limit))
+        self._queue: Iterator[Any] = _admission_order(scheduler) if self._left else iter(())
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while self._left > 0:
+            req = next(self._queue)
+            if not _stale(req):
+                self._left -= 1
+                return req
+        raise StopIteration
+
+    def rest(self) -> list[Any]:
+        """The requests not read yet (up to the limit). With none of them stale (the rule;
+        checked in C, `map` over attributes) this costs no Python step per request, which
+        matters for queues hundreds deep."""
+        left = self._left
+        if left <= 0:
+            return []
+        window = list(itertools.islice(self._queue, left))
+        self._left = 0
+        try:
+            if not any(map(_STALE_TOKENS, window)):
+                return window  # nothing skipped: the window is the rest
+        except AttributeError:
+            pass  # before 0.32 (no stale output) or a request without the attribute
+        out = [r for r in window if not _stale(r)]
+        for req in self._queue:
+            if len(out) >= left:
+                break
+            if not _stale(req):
+                out.append(req)
+        return out
+
+
+_STALE_TOKENS = operator.attrgetter("num_stale_output_tokens")
+
+
+def _stale(req: Any) -> bool:
+    return bool(getattr(req, "num_stale_output_tokens", 0)) and not getattr(
+        req, "drop_stale_output", False)
+
+
+def _admission_order(scheduler: Any) -> Iterator[Any]:
     kv_holding = getattr(scheduler, "kv_holding_waiting", None)
     skipped = getattr(scheduler, "skipped_waiting", None)
     waiting = getattr(scheduler, "waiting", None)
-    order: Iterable[Any]
     if kv_holding is not None:
-        order = _chain(kv_holding, waiting)
-    elif skipped and waiting and _priority_policy(scheduler, waiting):
-        order = heapq.merge(skipped, waiting)
-    else:
-        order = _chain(skipped, waiting)
-    out: list[Any] = []
-    for req in order:
-        if getattr(req, "num_stale_output_tokens", 0) and not getattr(
-            req, "drop_stale_output", False
-        ):
-            continue
-        out.append(req)
-        if len(out) >= limit:
-            break
-    return out
+        return _chain(kv_holding, waiting)
+    if skipped and waiting and _priority_policy(scheduler, waiting):
+        return heapq.merge(skipped, waiting)
+    return _chain(skipped, waiting)
 
 
 def _chain(*queues: Any) -> Iterator[Any]:
     # vLLM's queues iterate in pop order themselves (the FCFS deque front to back, the priority
     # queue by popping a copy of its heap), and lazily: only the first `limit` are read.
-    for queue in queues:
-        if queue:
-            yield from queue
+    return itertools.chain.from_iterable(q for q in queues if q)
 
 
 def _priority_policy(scheduler: Any, queue: Any) -> bool:

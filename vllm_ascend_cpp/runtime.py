@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +31,8 @@ from vllm_ascend_cpp.stage_times import StageTimes
 from vllm_ascend_cpp.trace import TraceWriter
 
 ACTIVE_STATES = (CppState.READY, CppState.CALIBRATING)
+# Builds every candidate of a step's walk, for the rare plan that needs more than the head.
+WholeWalk = Callable[[], list[Candidate]]
 # Steps scheduled and not yet back: at most the pipeline's depth of batches are in flight, so
 # a record older than a few depths belongs to a step whose result never came back (an aborted
 # or failed step); it goes, oldest first, instead of keeping its output's id alive forever.
@@ -104,6 +106,15 @@ def scheduled_items(requests: Mapping[str, Any],
         history = int(req.num_computed_tokens) - int(n)
         items.append((req_id, history, int(n), history < int(req.num_prompt_tokens)))
     return items
+
+
+def _as_candidates(work: list[tuple[str, int, int, bool]], cap: int) -> list[Candidate]:
+    if cap > 0:
+        # vLLM holds every request to the operator's cap whatever we plan: seen through it,
+        # the plan sizes chunks under it and schedules what vLLM will.
+        return [Candidate(r, h, n if n <= cap else cap, p) for r, h, n, p in work]
+    make = Candidate._make
+    return [make(t) for t in work]
 
 
 def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
@@ -257,20 +268,22 @@ class CppRuntime:
         if not self.active or fixed:
             return None
         faults.hot_path("plan")
-        candidates = self.candidates(scheduler)
-        if not any(c.is_prefill for c in candidates):
+        head, rest = self._walk(scheduler)
+        # The head holds the walk's first prefill whenever there is one (see _walk).
+        if not any(c.is_prefill for c in head):
             return None  # decode-only steps: nothing to size, keep vLLM's budget
-        plan = self.manager.plan_step(candidates, max_budget=self.max_budget)
+        plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest)
         hits = self.prefix_hits
         if hits is not None and hits.sees_in_step and not plan.fallback:
-            plan = self._replan_for_shared_prefixes(hits, scheduler, candidates, plan)
+            plan = self._replan_for_shared_prefixes(hits, scheduler, head, rest, plan)
         if plan.fallback:
             return None
         self.steps_planned += 1
         return plan
 
     def _replan_for_shared_prefixes(self, hits: PrefixHits, scheduler: Any,
-                                    candidates: list[Candidate], plan: StepPlan) -> StepPlan:
+                                    head: list[Candidate], rest: WholeWalk | None,
+                                    plan: StepPlan) -> StepPlan:
         """Plan again while a waiting request of the plan will find more cached than its
         lookup did, cached by requests before it in this step (prefix_hits.py). Each round
         only lengthens histories, and a plan rarely holds more than one such request: two
@@ -281,64 +294,95 @@ class CppRuntime:
             if not grown:
                 break
             cap = compat.operator_prefill_cap(scheduler)
-            candidates = [c if c.req_id not in grown
-                          else _at_history(c, requests[c.req_id], grown[c.req_id], cap)
-                          for c in candidates]
-            plan = self.manager.plan_step(candidates, max_budget=self.max_budget)
+
+            def grow(walk: list[Candidate], grown: dict[str, int] = grown,
+                     cap: int = cap) -> list[Candidate]:
+                return [c if c.req_id not in grown
+                        else _at_history(c, requests[c.req_id], grown[c.req_id], cap)
+                        for c in walk]
+
+            longer = grow(head)
+            if rest is not None and (len(plan.items) > len(head) or sum(
+                    c.is_prefill for c in longer) < self.manager.head_prefills):
+                # The plan reached past the head, or a longer history made a head request a
+                # decode (a resumed one): plan_step's promise about the head may no longer
+                # hold, so the whole walk is planned.
+                head, rest = grow(rest()), None
+            else:
+                head = longer
+                if rest is not None:
+                    def longer_walk(whole: WholeWalk = rest, grow=grow) -> list[Candidate]:
+                        return grow(whole())
+
+                    rest = longer_walk
+            plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest)
             if plan.fallback:
                 break
         return plan
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
-        waiting = compat.waiting_requests(scheduler, compat.admission_slots(scheduler))
+        """Every request vLLM's walk may take this step, in walk order."""
+        head, rest = self._walk(scheduler)
+        return head if rest is None else rest()
+
+    def _walk(self, scheduler: Any) -> tuple[list[Candidate], WholeWalk | None]:
+        """The candidates a step can reach, and, when the waiting queue goes on past them, a
+        function that builds the whole walk (for `ProfilingChunkManager.plan_step`'s
+        ``rest``).
+
+        Waiting requests are built, and looked up in the prefix cache, only up to the step's
+        reach: once the work of those before covers the largest budget, vLLM's walk cannot get
+        further this step, and a request further back is looked up when it moves up. A request
+        covers its work or the fewest tokens a prefill cap (CPP's or the operator's) can leave
+        it, whichever is smaller: a capped long prompt lets the walk reach further. A burst
+        of arrivals thus costs lookups only as the queue drains, and a long queue costs two
+        attribute reads a request past the reach: enough to know that each of them is a whole
+        prompt not yet started (a prefill from history 0), which is all the plan needs of the
+        requests it does not reach. Where one is not (a resumed or remote-KV request with
+        computed tokens) the whole walk is built.
+        """
+        work = compat.running_work(scheduler)
+        order = compat.WaitingOrder(scheduler, compat.admission_slots(scheduler))
+        hits = self.prefix_hits
+        hit_of = hits.hit if hits is not None else None
         cap = compat.operator_prefill_cap(scheduler)
         # The fewest tokens a capped prefill can take in a step: what a request's work may
         # shrink to in vLLM's walk, so what counts towards how far the walk can reach.
         least = self.manager.predictor.alignment
         if 0 < cap < least:
             least = cap
-        work = compat.running_work(scheduler) + self._waiting_work(waiting, least)
-        if cap > 0:
-            # vLLM holds every request to the operator's cap whatever we plan: seen through
-            # it, the plan sizes chunks under it and schedules what vLLM will.
-            return [Candidate(r, h, n if n <= cap else cap, p) for r, h, n, p in work]
-        make = Candidate._make
-        return [make(t) for t in work]
-
-    def _waiting_work(self, waiting: list[Any],
-                      least: int = 1) -> list[tuple[str, int, int, bool]]:
-        """Waiting requests' work, each starting after the prefix vLLM will find cached.
-
-        Only requests this step's budget can reach are looked up (and their kept answers
-        re-checked): once the requests before have covered the largest budget, vLLM's walk
-        cannot get further this step, and a request further back is looked up when it moves
-        up. A request covers its work or ``least`` tokens, whichever is smaller: a prefill cap
-        (CPP's or the operator's) can cut a long prompt's share of the step to that, and the
-        walk then reaches further. A burst of arrivals thus costs lookups only as the queue
-        drains.
-        """
-        work = compat.pending_work(waiting)
-        hits = self.prefix_hits
-        if hits is None or not work:
-            return work
-        if len(work) == len(waiting):
-            pairs: Any = zip(waiting, work)  # pending_work kept every request, in order
-        else:
-            by_id = {r.request_id: r for r in waiting}
-            pairs = ((by_id[item[0]], item) for item in work)
-        hit_of = hits.hit
         reach = self.max_budget
         covered = 0
-        out = []
-        for req, item in pairs:
+        work_item = compat.work_item
+        append = work.append
+        for req in order:
+            item = work_item(req)
+            if item is None:
+                continue
             # vLLM looks the cache up only for a request with nothing computed yet.
-            if item[1] == 0 and covered < reach:
+            if hit_of is not None and item[1] == 0:
                 hit = hit_of(req, True)
                 if hit:
                     item = (item[0], hit, item[2] - hit, hit < req.num_prompt_tokens)
+            append(item)
             covered += item[2] if item[2] < least else least
-            out.append(item)
-        return out
+            if covered >= reach:
+                break
+        tail = order.rest()  # the admissible requests the step cannot reach
+        if tail and not compat.whole_prefills(tail):
+            work += compat.pending_work(tail)
+            tail = []
+        elif tail:
+            # The plan reads the lead (the first prefill) and, with the auto target, the
+            # first few queued prefills: those come from the tail when the head has too few.
+            short = self.manager.head_prefills - sum(1 for item in work if item[3])
+            if short > 0:
+                work += compat.pending_work(tail[:short])
+                del tail[:short]
+        head = _as_candidates(work, cap)
+        if not tail:
+            return head, None
+        return head, lambda: head + _as_candidates(compat.pending_work(tail), cap)
 
     def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> StepRecord | None:
         """Record what vLLM actually scheduled; mark the step for timing when sampled.

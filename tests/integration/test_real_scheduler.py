@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -275,3 +276,73 @@ def test_limits_are_restored_when_vllms_schedule_raises() -> None:
         sched.schedule()
     assert (sched.max_num_scheduled_tokens, sched.scheduler_config.long_prefill_token_threshold,
             sched.adaptive_long_prefill_threshold) == before == (512, 0, True)
+
+
+def _watch_the_walk(run) -> dict[str, int]:
+    """Count, on one harness run, the steps planned on a head of the waiting queue (the rest
+    left unbuilt) and those whose walk took the whole head and were planned again on it all."""
+    seen = {"head_only": 0, "replanned": 0}
+    runtime = run.sched.cpp
+    walk = runtime._walk
+
+    def watched(sched):
+        head, rest = walk(sched)
+        if rest is None:
+            return head, None
+        seen["head_only"] += 1
+
+        def whole():
+            seen["replanned"] += 1
+            return rest()
+
+        return head, whole
+
+    runtime._walk = watched
+    return seen
+
+
+def _most_admitted_in_one_step(run) -> list[int]:
+    most = [0]
+    schedule = run.schedule
+
+    def counted():
+        waiting = {r.request_id for r in run.sched.waiting}
+        out = schedule()
+        most[0] = max(most[0], sum(1 for rid in out.num_scheduled_tokens if rid in waiting))
+        return out
+
+    run.schedule = counted
+    return most
+
+
+@pytest.mark.parametrize("operator_cap", [0, 16], ids=["prefix-hits", "operator-cap"])
+def test_a_long_waiting_queue_is_planned_as_vllms_walk_takes_it(operator_cap: int) -> None:
+    """64 requests arrive at once and vLLM may admit them all (max_num_seqs 96). The planner
+    builds (and looks up) only the waiting requests a step can reach; every planned step is
+    still exactly what vLLM's walk scheduled. With prefix hits the step reaches a dozen or
+    more short remainders; with an operator cap of 16 tokens the walk goes far past the
+    head built by whole prompts, so those plans are made again on the whole queue."""
+    from tests.sched_harness.drive import PatternRun
+
+    rng = random.Random(21)
+    shape = EngineShape(max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=96,
+                        num_blocks=8192, prefix_caching=operator_cap == 0,
+                        long_prefill_token_threshold=operator_cap, min_chunk=1,
+                        online_calibration=False)
+    # The first request caches 800 tokens of a document the later ones start with, and
+    # finishes before they arrive: their hits are all in the cache when they are looked up.
+    reqs = [RequestSpec(arrive=0, prompt_len=800, max_tokens=2, document=0, prefix_len=800)]
+    for _ in range(64):
+        prompt = rng.randint(40, 700)  # all but the last few dozen tokens found cached
+        reqs.append(RequestSpec(arrive=12, prompt_len=prompt, max_tokens=rng.randint(1, 4),
+                                document=0, prefix_len=max(0, prompt - rng.randint(1, 60))))
+    run = PatternRun(Pattern(shape, tuple(reqs), seed=4))
+    seen = _watch_the_walk(run)
+    most = _most_admitted_in_one_step(run)
+    tally = run.run()
+    _plain(tally)
+    assert seen["head_only"] > 0, seen
+    if operator_cap:
+        assert seen["replanned"] > 0 and most[0] >= 30, (seen, most)
+    else:
+        assert tally.prefix_hits >= 40 and most[0] >= 8, (tally.report(), most)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 
 import numpy as np
 
-from .auto_target import AutoTarget, AutoTargetTracker
+from .auto_target import MAX_QUEUE, AutoTarget, AutoTargetTracker
 from .calibrator import CalibrationEvent, OnlineCalibrator
 from .fit import MIN_SAMPLES, FitResult, fit_startup
 from .latency_model import LatencyModel
@@ -186,9 +186,28 @@ class ProfilingChunkManager:
 
     # -- serving --------------------------------------------------------------------------
 
+    @property
+    def head_prefills(self) -> int:
+        """How many of the walk's first prefills a head given to :meth:`plan_step` with
+        ``rest`` must hold: the lead, and with the auto target the queue it reads."""
+        return MAX_QUEUE if self.auto is not None else 1
+
     def plan_step(self, candidates: Sequence[Candidate], *, max_budget: int,
-                  max_requests: int | None = None) -> StepPlan:
-        """This step's budget and cap; the fallback plan unless a model is in use."""
+                  max_requests: int | None = None,
+                  rest: Callable[[], Sequence[Candidate]] | None = None) -> StepPlan:
+        """This step's budget and cap; the fallback plan unless a model is in use.
+
+        With ``rest``, ``candidates`` may be only the head of the walk (a long waiting queue
+        is not built past what a step can reach) and ``rest()`` gives the whole walk. The
+        caller promises that everything after the head is a prefill with tokens to compute
+        (no decode) and that the head holds the walk's first :attr:`head_prefills` prefills
+        (or all of them): then every input the decision reads is in the head, and the tail
+        can change the plan only through a walk that takes every item of the head and still
+        has budget: a budget below ``max_budget`` (the planner's walk would go on) or tokens
+        of it unused (vLLM's would). Such a step is planned again on the whole walk, so the
+        plan is always the one the whole walk gives. The planner's walks keep no state; the
+        auto target reads only what the head holds.
+        """
         self._steps_planned += 1
         if self.state in (CppState.READY, CppState.CALIBRATING):
             target = None
@@ -196,10 +215,16 @@ class ProfilingChunkManager:
                 target = self.auto.target_for(candidates, max_budget, max_requests)
             plan = self.planner.plan(candidates, max_budget=max_budget,
                                      max_requests=max_requests, target_ms=target)
+            if rest is not None and _walked_past(plan.items, plan.token_budget, candidates,
+                                                 max_budget):
+                plan = self.planner.plan(rest(), max_budget=max_budget,
+                                         max_requests=max_requests, target_ms=target)
             if self.auto is not None:
                 self.auto.observe(plan.predicted_ms)
         else:
             items = simulate(candidates, max_budget, 0, max_requests)
+            if rest is not None and _walked_past(items, max_budget, candidates, max_budget):
+                items = simulate(rest(), max_budget, 0, max_requests)
             plan = StepPlan(max_budget, 0, items, math.nan, fallback=True,
                             reason=self.fallback_reason or f"state {self.state.value}")
         if plan.fallback:
@@ -413,6 +438,15 @@ class ProfilingChunkManager:
 def _finite_or_none(values: Sequence[float]) -> list[float | None]:
     # JSON has no NaN; a failed sample is saved as null.
     return [v if math.isfinite(v) else None for v in values]
+
+
+def _walked_past(items: Sequence, budget: int, head: Sequence[Candidate],
+                 max_budget: int) -> bool:
+    """Whether a walk that scheduled ``items`` under ``budget`` could have gone on past the
+    end of ``head`` (see :meth:`ProfilingChunkManager.plan_step`)."""
+    if len(items) < len(head):
+        return False  # it stopped inside the head: what follows was never read
+    return budget < max_budget or sum(i.tokens for i in items) < budget
 
 
 def _float_or_nan(value: object) -> float:
