@@ -13,7 +13,8 @@ scheduler whose waiting requests (1, 64, 256) share cached prefixes in vLLM's re
 KVCacheManager, once with the lookup and once without. Each step the head of the queue is
 scheduled (its entry dropped) and a new request arrives at the back; the request that moves
 within the step's reach is looked up (one new lookup) and the kept answers of the others within
-reach are re-checked (as in the engine); the first step, when every request within reach is
+reach are re-checked, and the plan's waiting requests are checked for prefixes cached within
+the step (as in the engine); the first step, when every request within reach is
 looked up, is shown on its own. max_num_seqs is vLLM's GPU default (256), so all 256 waiting
 requests are admissible, as in vLLM.
 
@@ -224,6 +225,7 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
         # the front end's work, not the scheduler's.
         arrivals = deque(new_request() for _ in range(n_batches * BATCH))
         sched = Sched([], [new_request() for _ in range(n_waiting)])
+        sched.requests = {r.request_id: r for r in sched.waiting}
         sched.kv_cache_manager = manager
         # vLLM's default max_num_seqs on GPUs: with nothing running, every one of 256 waiting
         # requests may be admitted, as in vLLM; the token budget, not the seat count, is what
@@ -231,7 +233,8 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
         sched.max_num_running_reqs = LOOKUP_MAX_SEQS
         if use:
             rt.attach_prefix_cache(compat.prefix_cache_lookup(sched),
-                                   compat.prefix_cache_probe(sched))
+                                   compat.prefix_cache_probe(sched),
+                                   compat.prefix_cache_in_step(sched))
         t0 = time.perf_counter()
         rt.plan(sched)
         first = time.perf_counter() - t0
@@ -241,9 +244,12 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
             for _ in range(BATCH):
                 rt.plan(sched)
                 head = sched.waiting.popleft()  # scheduled: its entry goes
+                del sched.requests[head.request_id]
                 if rt.prefix_hits is not None:
                     rt.prefix_hits.drop([head.request_id])
-                sched.waiting.append(arrivals.popleft())  # an arrival: one new lookup
+                new = arrivals.popleft()  # an arrival at the back
+                sched.waiting.append(new)
+                sched.requests[new.request_id] = new
             batches.append((time.perf_counter() - t0) / BATCH)
         us = sorted(t * 1e6 for t in batches)
         out[label] = {"best_us": us[0], "median_us": statistics.median(us),
@@ -352,7 +358,9 @@ def main() -> int:
               "step the head of the queue is scheduled and a new request arrives at the back, "
               "so a step looks up the one request that moves within its reach and reuses the "
               "kept answers of the others (checked every step with two hash-table reads "
-              "each); 'first step' is the step that looks up every request within reach (a "
+              "each), and, as in the engine, checks whether a request of the plan finds more "
+              "once the requests before it in the step have cached their blocks; 'first "
+              "step' is the step that looks up every request within reach (a "
               "burst of arrivals). 'without' is the same queue planned blind (no lookup).", "",
               f"max_num_seqs is {LOOKUP_MAX_SEQS} (vLLM's default on GPUs) and nothing is "
               "running, so every waiting request may be admitted, as vLLM would admit it. "

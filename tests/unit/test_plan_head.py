@@ -86,11 +86,23 @@ def test_a_head_with_rest_plans_as_the_whole_walk(mode: str) -> None:
     assert decided_by_head > 50 and replanned > 5, (decided_by_head, replanned)
 
 
-def _req(rid: str, prompt: int, computed: int = 0, outputs: int = 0) -> SimpleNamespace:
-    """The attributes of vLLM's Request that the hook reads."""
+def _req(rid: str, prompt: int, computed: int = 0, outputs: int = 0,
+         doc: int | None = None) -> SimpleNamespace:
+    """The attributes of vLLM's Request that the hook reads, and which shared document (a
+    system prompt of 2000 tokens) the prompt starts with."""
     return SimpleNamespace(request_id=rid, num_prompt_tokens=prompt,
                            num_tokens=prompt + outputs, num_tokens_with_spec=prompt + outputs,
-                           num_computed_tokens=computed, num_output_placeholders=0)
+                           num_computed_tokens=computed, num_output_placeholders=0, doc=doc)
+
+
+def _in_step(req: SimpleNamespace, hit: int, earlier) -> int:
+    """What a request finds once requests scheduled before it in the step cached their
+    blocks: the shared document, as far as they computed it."""
+    best = hit
+    for other, history, tokens in earlier:
+        if req.doc is not None and other.doc == req.doc:
+            best = max(best, min(2000, history + tokens, req.num_tokens - 1))
+    return best
 
 
 def _planned_on_the_whole_walk(rt) -> None:
@@ -106,10 +118,13 @@ def _planned_on_the_whole_walk(rt) -> None:
 @pytest.mark.parametrize("kind", ["cpp-base", "cpp-auto"])
 def test_the_runtime_plans_a_long_queue_as_the_whole_queue(kind: str) -> None:
     """Random queues up to 300 waiting requests, some found in the prefix cache, some
-    resumed with computed tokens (those make the runtime build the whole queue), an
-    operator cap now and then; the queue drains by the plans and new requests arrive."""
+    resumed with computed tokens (those make the runtime build the whole queue) or with
+    output tokens to replay, some sharing a document that requests before them in the step
+    cache (the runtime then plans again), an operator cap now and then; the queue drains by
+    the plans and new requests arrive."""
     rng = random.Random(5)
     with_tail = 0
+    replans = [0]  # plans made again for prefixes cached within the step
     for seed in range(40):
         budget = rng.choice([64, 2048, 16384])
         pair = [build_runtime(EngineSpec(stages=4, model=MODEL), Policy(kind, budget))
@@ -122,7 +137,7 @@ def test_the_runtime_plans_a_long_queue_as_the_whole_queue(kind: str) -> None:
                                                                 req.num_tokens]))
 
         for rt in pair:
-            rt.attach_prefix_cache(lookup, lambda req, hit: True)
+            rt.attach_prefix_cache(lookup, lambda req, hit: True, in_step=_in_step)
         _planned_on_the_whole_walk(pair[1])
         head_rt, whole_rt = pair
         walks = []
@@ -134,13 +149,28 @@ def test_the_runtime_plans_a_long_queue_as_the_whole_queue(kind: str) -> None:
             return head, rest
 
         head_rt._walk = seen
+        hits = head_rt.prefix_hits
+        grown_in_step = hits.grown_in_step
+
+        def grew(requests, items, grown_in_step=grown_in_step) -> dict:
+            grown = grown_in_step(requests, items)
+            replans[0] += bool(grown)
+            return grown
+
+        hits.grown_in_step = grew
         n = rng.choice([5, 60, 300])
         longest = rng.choice([50, 3000, 40000])
         waiting = deque()
+
+        def arrival(i: int, computed: int = 0, longest: int = longest) -> SimpleNamespace:
+            outputs = rng.randint(1, 9) if rng.random() < 0.05 else 0
+            return _req(f"w{i}", rng.randint(computed + 1, longest + computed), computed,
+                        outputs, rng.choice([None, 0, 1]))
+
         for i in range(n):
-            computed = rng.randint(1, 30) if rng.random() < 0.01 else 0
-            waiting.append(_req(f"w{i}", rng.randint(computed + 1, longest + computed), computed))
-        sched = SimpleNamespace(running=[], waiting=waiting, max_num_running_reqs=256)
+            waiting.append(arrival(i, rng.randint(1, 30) if rng.random() < 0.01 else 0))
+        sched = SimpleNamespace(running=[], waiting=waiting, max_num_running_reqs=256,
+                                requests={r.request_id: r for r in waiting})
         if rng.random() < 0.3:
             sched.scheduler_config = SimpleNamespace(
                 long_prefill_token_threshold=rng.choice([16, 700]))
@@ -152,9 +182,10 @@ def test_the_runtime_plans_a_long_queue_as_the_whole_queue(kind: str) -> None:
             _run(sched, got, pair)
             for _ in range(rng.choice([0, 2])):
                 n += 1
-                waiting.append(_req(f"w{n}", rng.randint(1, longest)))
+                waiting.append(arrival(n))
+                sched.requests[waiting[-1].request_id] = waiting[-1]
         with_tail += sum(walks)
-    assert with_tail > 40, with_tail
+    assert with_tail > 20 and replans[0] > 10, (with_tail, replans)
 
 
 def _run(sched: SimpleNamespace, plan, runtimes) -> None:
@@ -174,3 +205,4 @@ def _run(sched: SimpleNamespace, plan, runtimes) -> None:
             req.num_computed_tokens += item.tokens
         if req.num_computed_tokens >= req.num_tokens:
             sched.running.remove(req)
+            del sched.requests[req.request_id]
