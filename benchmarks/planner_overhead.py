@@ -373,8 +373,9 @@ def main() -> int:
               "'one lookup' is the lookup alone on a request never looked up: vLLM's "
               f"longest-cache-hit search walks its {LOOKUP_PREFIX // LOOKUP_BLOCK} cached "
               "blocks one by one, and vLLM's own `schedule()` makes the same search again "
-              "when it admits the request. It is most of the 'with' figure: each steady step "
-              "here makes one.", "",
+              "when it admits the request. Each steady step here makes one, so it is a large "
+              "part of the 'with' figure; the rest is the checks of the kept answers within "
+              "reach and of prefixes cached within the step.", "",
               "| waiting | with: best (us/step) | with: median (us/step) | with: first step "
               "(us) | without: best (us/step) | without: median (us/step) | one lookup: best "
               "(us) | one lookup: median (us) |",
