@@ -267,8 +267,18 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
         t0 = time.perf_counter()
         lookup(req)
         alone.append((time.perf_counter() - t0) * 1e6)
+    # vLLM's own search (the coordinator's walk over every cached block, the lookup this
+    # project used before bisecting), on other fresh requests: what the bisection saves.
+    walk = manager.coordinator.find_longest_cache_hit
+    walked = []
+    for req in (new_request() for _ in range(LOOKUP_ALONE)):
+        t0 = time.perf_counter()
+        walk(req.block_hashes, req.num_tokens - 1)
+        walked.append((time.perf_counter() - t0) * 1e6)
     out["one_lookup"] = {"best_us": min(alone), "median_us": statistics.median(alone),
-                         "blocks": LOOKUP_PREFIX // LOOKUP_BLOCK}
+                         "blocks": LOOKUP_PREFIX // LOOKUP_BLOCK,
+                         "vllm_walk_best_us": min(walked),
+                         "vllm_walk_median_us": statistics.median(walked)}
     return out
 
 

@@ -489,14 +489,20 @@ def pending_work(requests: Any) -> list[tuple[str, int, int, bool]]:
 
 
 def whole_prefills(requests: list[Any]) -> bool:
-    """Whether every request is a prompt with nothing computed yet: each then needs tokens and
-    is a prefill from history 0 (`work_item` gives `(id, 0, n > 0, True)`), whatever else it
-    holds. Two attribute reads a request, in C, for queues too long to build items for."""
-    return not any(map(_COMPUTED, requests)) and all(map(_PROMPT_TOKENS, requests))
+    """Whether every request is a prompt with nothing computed yet and no output to replay:
+    each then needs tokens and is a prefill from history 0 (`work_item` gives
+    `(id, 0, n > 0, True)`), and stays a prefill after any prefix-cache hit (vLLM recomputes
+    the last prompt token). A preempted request that kept output tokens is not one: a hit may
+    cover its prompt and leave it a decode. A few attribute reads a request, in C, for queues
+    too long to build items for."""
+    if any(map(_COMPUTED, requests)) or not all(map(_PROMPT_TOKENS, requests)):
+        return False
+    return not any(map(operator.ne, map(_TOKENS, requests), map(_PROMPT_TOKENS, requests)))
 
 
 _COMPUTED = operator.attrgetter("num_computed_tokens")
 _PROMPT_TOKENS = operator.attrgetter("num_prompt_tokens")
+_TOKENS = operator.attrgetter("num_tokens")
 
 
 def running_work(scheduler: Any) -> list[tuple[str, int, int, bool]]:
@@ -586,6 +592,17 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
     KV-connector hits (`connector.get_num_new_matched_tokens`) are not seen: connectors may
     start a remote lookup or reserve a transfer when asked, so asking before schedule() is
     not free of side effects; such a request is planned at its local hit.
+
+    In the plain layout of `_plain_block_cache` (the common dense model) the answer is found
+    by bisection over the request's block hashes, reading the same `get_cached_block` dict:
+    about log2(blocks) reads where the coordinator reads every cached block (a 512-block hit
+    costs it some 400 us, and schedule() makes that walk again when it admits the request).
+    Bisection is exact because in that layout a chain's cached blocks always form a run from
+    its start: a block is cached only with every block before it (the hash covers them, and
+    they were allocated together), vLLM frees a request's blocks tail first, and a request
+    that holds or touches block i holds blocks 0..i too, so block i never reaches the free
+    queue's head before block i + 1 (the probe below relies on the same, and vLLM's own walk
+    stops at the first missing block for the same reason).
     """
     manager = getattr(scheduler, "kv_cache_manager", None)
     coordinator = getattr(manager, "coordinator", None)
@@ -594,12 +611,34 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
         return None
     enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
     replay = int(getattr(scheduler, "prefix_replay_tokens", 0) or 0)
+    plain = _plain_block_cache(scheduler)
+
+    def opted_out(request: Any) -> bool:
+        if enabled is not None:
+            return not enabled(request)
+        return bool(getattr(request, "skip_reading_prefix_cache", False))
+
+    if plain is not None:
+        cached, block = plain
+
+        def bisect(request: Any) -> int:
+            if opted_out(request):
+                return 0
+            hashes = request.block_hashes
+            # The last prompt token is always recomputed: at most (num_tokens - 1) // block.
+            lo, hi = 0, min((int(request.num_tokens) - 1) // block, len(hashes))
+            while lo < hi:  # blocks [0, lo) cached, blocks [hi, ...) not
+                mid = (lo + hi) // 2
+                if cached(hashes[mid]):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return lo * block
+
+        return bisect
 
     def lookup(request: Any) -> int:
-        if enabled is not None:
-            if not enabled(request):
-                return 0
-        elif getattr(request, "skip_reading_prefix_cache", False):
+        if opted_out(request):
             return 0
         # 0.32 returns (blocks, hit, uncached shared prefix); older releases (blocks, hit).
         hit = int(find(request.block_hashes, int(request.num_tokens) - 1)[1])

@@ -108,6 +108,18 @@ def scheduled_items(requests: Mapping[str, Any],
     return items
 
 
+def _after_cached_prefix(hits: PrefixHits, request: Any,
+                         item: tuple[str, int, int, bool]) -> tuple[str, int, int, bool]:
+    """A waiting request's work item, starting after the prefix vLLM will find cached (vLLM
+    looks the cache up only for a request with nothing computed yet)."""
+    if item[1]:
+        return item
+    hit = hits.hit(request, True)
+    if not hit:
+        return item
+    return (item[0], hit, item[2] - hit, hit < request.num_prompt_tokens)
+
+
 def _as_candidates(work: list[tuple[str, int, int, bool]], cap: int) -> list[Candidate]:
     if cap > 0:
         # vLLM holds every request to the operator's cap whatever we plan: seen through it,
@@ -332,57 +344,85 @@ class CppRuntime:
 
         Waiting requests are built, and looked up in the prefix cache, only up to the step's
         reach: once the work of those before covers the largest budget, vLLM's walk cannot get
-        further this step, and a request further back is looked up when it moves up. A request
-        covers its work or the fewest tokens a prefill cap (CPP's or the operator's) can leave
-        it, whichever is smaller: a capped long prompt lets the walk reach further. A burst
+        further this step, and a request further back is looked up when it moves up. A burst
         of arrivals thus costs lookups only as the queue drains, and a long queue costs two
         attribute reads a request past the reach: enough to know that each of them is a whole
         prompt not yet started (a prefill from history 0), which is all the plan needs of the
         requests it does not reach. Where one is not (a resumed or remote-KV request with
         computed tokens) the whole walk is built.
+
+        A prefill cap (CPP's or the operator's) can cut a long prompt's share of the step, and
+        the walk then reaches further than the work counted here: `plan_step` sees that (the
+        plan took the whole head with budget to spare) and asks for the whole walk, whose
+        requests are looked up as far as the smallest cap could let the walk reach (each
+        counted at its work or at the fewest tokens a cap can leave it).
         """
         work = compat.running_work(scheduler)
         order = compat.WaitingOrder(scheduler, compat.admission_slots(scheduler))
         hits = self.prefix_hits
-        hit_of = hits.hit if hits is not None else None
         cap = compat.operator_prefill_cap(scheduler)
-        # The fewest tokens a capped prefill can take in a step: what a request's work may
-        # shrink to in vLLM's walk, so what counts towards how far the walk can reach.
-        least = self.manager.predictor.alignment
-        if 0 < cap < least:
-            least = cap
+        least = self._least_share(cap)
         reach = self.max_budget
-        covered = 0
+        covered = capped = 0
         work_item = compat.work_item
         append = work.append
         for req in order:
             item = work_item(req)
             if item is None:
                 continue
-            # vLLM looks the cache up only for a request with nothing computed yet.
-            if hit_of is not None and item[1] == 0:
-                hit = hit_of(req, True)
-                if hit:
-                    item = (item[0], hit, item[2] - hit, hit < req.num_prompt_tokens)
+            if hits is not None:
+                item = _after_cached_prefix(hits, req, item)
             append(item)
-            covered += item[2] if item[2] < least else least
+            covered += item[2]
+            capped += item[2] if item[2] < least else least
             if covered >= reach:
                 break
         tail = order.rest()  # the admissible requests the step cannot reach
         if tail and not compat.whole_prefills(tail):
-            work += compat.pending_work(tail)
+            work += self._looked_up(tail, capped, least)
             tail = []
         elif tail:
             # The plan reads the lead (the first prefill) and, with the auto target, the
             # first few queued prefills: those come from the tail when the head has too few.
             short = self.manager.head_prefills - sum(1 for item in work if item[3])
             if short > 0:
-                work += compat.pending_work(tail[:short])
+                work += self._looked_up(tail[:short], 0, 0)
                 del tail[:short]
         head = _as_candidates(work, cap)
         if not tail:
             return head, None
-        return head, lambda: head + _as_candidates(compat.pending_work(tail), cap)
+
+        def whole() -> list[Candidate]:
+            return head + _as_candidates(self._looked_up(tail, capped, least), cap)
+
+        return head, whole
+
+    def _least_share(self, cap: int) -> int:
+        """The fewest tokens a capped prefill can take in a step (CPP's cap is at least one
+        alignment unit, the operator's is what it is): what a waiting request's work may
+        shrink to in vLLM's walk, so what counts towards how far the walk can reach."""
+        least = self.manager.predictor.alignment
+        return cap if 0 < cap < least else least
+
+    def _looked_up(self, requests: list[Any], covered: int,
+                   least: int) -> list[tuple[str, int, int, bool]]:
+        """`work_item`s of waiting requests, each after the prefix it will find cached, looked
+        up while a capped walk can still reach it: the waiting requests before them count
+        ``covered`` tokens, and each of these its work or ``least`` tokens, whichever is
+        smaller (``least`` 0: look every one up)."""
+        work = compat.pending_work(requests)
+        hits = self.prefix_hits
+        if hits is None or not work:
+            return work
+        reach = self.max_budget if least else 1 << 62
+        by_id = {r.request_id: r for r in requests}
+        out = []
+        for item in work:
+            if covered < reach:
+                item = _after_cached_prefix(hits, by_id[item[0]], item)
+                covered += item[2] if item[2] < least else least
+            out.append(item)
+        return out
 
     def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> StepRecord | None:
         """Record what vLLM actually scheduled; mark the step for timing when sampled.

@@ -251,3 +251,58 @@ def test_in_step_growth_is_what_vllm_finds_after_the_earlier_allocations() -> No
             assert manager.allocate_slots(req, n, truth, blocks) is not None
             plan[k] = (req, truth, n)
     assert checked > 100 and grew > 10, (checked, grew)
+
+
+def test_bisection_equals_vllm_under_random_churn() -> None:
+    """The plain layout's lookup bisects the request's block hashes, which is exact only if
+    a chain's cached blocks always form a run from its start. Random churn on a pool far too
+    small for the load (shared prefixes of several documents, partial prefills, requests
+    freed in any order, so blocks are evicted and reused all the time): at every point the
+    bisected hit equals vLLM's own `get_computed_blocks` and the coordinator's linear walk."""
+    rng = random.Random(11)
+    checked = nonzero = evictions = 0
+    for _ in range(40):
+        manager = make_manager(num_blocks=rng.randrange(12, 60), events=False)
+        sched = Sched(manager)
+        lookup = compat.prefix_cache_lookup(sched)
+        assert lookup is not None
+        coordinator = manager.coordinator
+        pool = manager.block_pool
+        evict = pool._maybe_evict_cached_block
+
+        def counting(block, evict=evict):  # how often the churn really evicts
+            nonlocal evictions
+            gone = evict(block)
+            evictions += gone
+            return gone
+
+        pool._maybe_evict_cached_block = counting
+        docs = [[rng.randrange(1, 30000) for _ in range(600)] for _ in range(3)]
+        live: list[Request] = []
+        n = 0
+
+        def fresh(docs: list[list[int]] = docs) -> Request:
+            nonlocal n
+            n += 1
+            doc = docs[rng.randrange(len(docs))]
+            own = [rng.randrange(30000, 40000) for _ in range(rng.randrange(0, 40))]
+            return make_request(f"r{n}", doc[:rng.randrange(1, 600)] + own)
+
+        for _ in range(60):
+            probe = fresh()
+            ours = lookup(probe)
+            blocks, theirs, _ = manager.get_computed_blocks(probe)
+            walked = coordinator.find_longest_cache_hit(probe.block_hashes,
+                                                        probe.num_tokens - 1)[1]
+            assert ours == theirs == walked, (ours, theirs, walked)
+            checked += 1
+            nonzero += ours > 0
+            if rng.random() < 0.6:
+                # Admit it with a random share of its prompt, as a chunked prefill would.
+                todo = rng.randrange(1, probe.num_tokens - theirs + 1)
+                if manager.allocate_slots(probe, todo, theirs, blocks) is not None:
+                    probe.num_computed_tokens = theirs + todo
+                    live.append(probe)
+            if live and rng.random() < 0.5:
+                manager.free(live.pop(rng.randrange(len(live))))
+    assert checked == 2400 and nonzero > 500 and evictions > 50, (checked, nonzero, evictions)
