@@ -92,7 +92,8 @@ def _req(rid: str, prompt: int, computed: int = 0, outputs: int = 0,
     system prompt of 2000 tokens) the prompt starts with."""
     return SimpleNamespace(request_id=rid, num_prompt_tokens=prompt,
                            num_tokens=prompt + outputs, num_tokens_with_spec=prompt + outputs,
-                           num_computed_tokens=computed, num_output_placeholders=0, doc=doc)
+                           num_computed_tokens=computed, num_output_placeholders=0, doc=doc,
+                           _output_token_ids=[7] * outputs)
 
 
 def _in_step(req: SimpleNamespace, hit: int, earlier) -> int:

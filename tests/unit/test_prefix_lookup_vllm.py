@@ -306,3 +306,23 @@ def test_bisection_equals_vllm_under_random_churn() -> None:
             if live and rng.random() < 0.5:
                 manager.free(live.pop(rng.randrange(len(live))))
     assert checked == 2400 and nonzero > 500 and evictions > 50, (checked, nonzero, evictions)
+
+
+def test_whole_prefills_on_vllm_requests() -> None:
+    """The tail of a long queue is planned unbuilt only when every request is a prompt with
+    nothing computed and no output to replay (a preempted request keeps its output, and a
+    prefix hit may then cover its whole prompt)."""
+    fresh = [make_request(f"f{i}", list(range(1, 40 + i))) for i in range(3)]
+    assert compat.whole_prefills(fresh)
+    resumed = make_request("p", list(range(1, 60)))
+    resumed.append_output_token_ids([5, 6])  # as after a preemption: output kept, 0 computed
+    assert resumed.num_computed_tokens == 0
+    assert not compat.whole_prefills([*fresh, resumed])
+    started = make_request("s", list(range(1, 60)))
+    started.num_computed_tokens = 16
+    assert not compat.whole_prefills([*fresh, started])
+    # Objects without vLLM's output list: the token counts say the same.
+    from types import SimpleNamespace
+    plain = [SimpleNamespace(num_computed_tokens=0, num_prompt_tokens=9, num_tokens=n)
+             for n in (9, 11)]
+    assert compat.whole_prefills(plain[:1]) and not compat.whole_prefills(plain)
