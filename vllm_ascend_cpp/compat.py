@@ -704,6 +704,9 @@ def _plain_block_cache(scheduler: Any) -> tuple[Callable[[Any], bool], int] | No
     block = int(coordinator.block_size)
     if int(getattr(pool, "hash_block_size", block)) != block:
         return None
+    fast = _cached_block_table(pool)
+    if fast is not None:
+        return fast, block
     get = pool.get_cached_block
     group = [0]
 
@@ -711,6 +714,38 @@ def _plain_block_cache(scheduler: Any) -> tuple[Callable[[Any], bool], int] | No
         return get(block_hash, group) is not None
 
     return cached, block
+
+
+def _cached_block_table(pool: Any) -> Callable[[Any], bool] | None:
+    """`pool.get_cached_block(h, [0]) is not None` as one dict membership test, or None
+    where the table is not the one read in 0.32.
+
+    The planner asks this for every waiting request within reach, every step (the probe of
+    kept answers), and `get_cached_block` builds a key and a list per call. In 0.32 the table
+    (`BlockPool.cached_block_hash_to_block`, a `BlockHashToBlockMap`) keeps a plain dict
+    `_cache` keyed by `make_block_hash_with_group_id(h, group)`, the hash bytes followed by the
+    group id in 4 big-endian bytes, and drops a key when its last block goes, so a key is
+    present exactly when `get_one_block` finds a block. Both facts are checked here before
+    the table is trusted; otherwise vLLM's own call is used. The table is read from the pool
+    at every call: `reset_prefix_cache` replaces it with a new one."""
+    table = getattr(getattr(pool, "cached_block_hash_to_block", None), "_cache", None)
+    if type(table) is not dict:
+        return None
+    try:
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+    except ImportError:
+        return None
+    suffix = (0).to_bytes(4, "big")
+    try:
+        if make_block_hash_with_group_id(b"probe", 0) != b"probe" + suffix:
+            return None
+    except Exception:  # noqa: BLE001 - another key layout: use vLLM's call
+        return None
+
+    def cached(block_hash: Any) -> bool:
+        return block_hash + suffix in pool.cached_block_hash_to_block._cache
+
+    return cached
 
 
 # (request, history, tokens) of a request scheduled earlier in the same step.

@@ -260,7 +260,7 @@ def test_bisection_equals_vllm_under_random_churn() -> None:
     freed in any order, so blocks are evicted and reused all the time): at every point the
     bisected hit equals vLLM's own `get_computed_blocks` and the coordinator's linear walk."""
     rng = random.Random(11)
-    checked = nonzero = evictions = 0
+    checked = nonzero = evictions = resets = 0
     for _ in range(40):
         manager = make_manager(num_blocks=rng.randrange(12, 60), events=False)
         sched = Sched(manager)
@@ -305,7 +305,12 @@ def test_bisection_equals_vllm_under_random_churn() -> None:
                     live.append(probe)
             if live and rng.random() < 0.5:
                 manager.free(live.pop(rng.randrange(len(live))))
+            if not live and rng.random() < 0.1:
+                # vLLM replaces its table of cached blocks: the lookup must read the new one.
+                assert manager.reset_prefix_cache()
+                resets += 1
     assert checked == 2400 and nonzero > 500 and evictions > 50, (checked, nonzero, evictions)
+    assert resets > 5, resets
 
 
 def test_whole_prefills_on_vllm_requests() -> None:
