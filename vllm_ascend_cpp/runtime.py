@@ -345,11 +345,12 @@ class CppRuntime:
         Waiting requests are built, and looked up in the prefix cache, only up to the step's
         reach: once the work of those before covers the largest budget, vLLM's walk cannot get
         further this step, and a request further back is looked up when it moves up. A burst
-        of arrivals thus costs lookups only as the queue drains, and a long queue costs two
+        of arrivals thus costs lookups only as the queue drains, and a long queue costs a few
         attribute reads a request past the reach: enough to know that each of them is a whole
-        prompt not yet started (a prefill from history 0), which is all the plan needs of the
-        requests it does not reach. Where one is not (a resumed or remote-KV request with
-        computed tokens) the whole walk is built.
+        prompt not yet started with no output to replay (a prefill from history 0, and still
+        one after any prefix hit), which is all the plan needs of the requests it does not
+        reach. Where one is not (a resumed or remote-KV request with computed tokens, a
+        preempted one with output) the whole walk is built.
 
         A prefill cap (CPP's or the operator's) can cut a long prompt's share of the step, and
         the walk then reaches further than the work counted here: `plan_step` sees that (the
