@@ -192,7 +192,12 @@ def test_calibration_that_never_passes_gives_up_once_and_retries_boundedly(
     assert len(events) == 1
     gave_up = events[0]
     assert trace[gave_up]["failed_fits"] == CALIB_MAX_FAILED
-    assert trace[gave_up]["fit_attempts"] == CALIB_MAX_FAILED  # every refit failed
+    # What gives up is CALIB_MAX_FAILED failed refits in a row. Before them a refit may pass
+    # by chance: the timings are random and the first refits, on a few rows, are judged with
+    # the widest tolerance (CI saw one of four pass at 6 rows, 28.5% against about 30%).
+    kinds = [line["event"]["kind"] for line in trace[:gave_up + 1] if line.get("event")]
+    assert kinds[-CALIB_MAX_FAILED:] == ["rejected"] * (CALIB_MAX_FAILED - 1) + ["gave_up"]
+    assert trace[gave_up]["fit_attempts"] == len(kinds)  # every attempt is on the trace
     assert trace[gave_up]["state_after"] == "fixed-fallback"
     first_fallback = states.index("fixed-fallback")
     assert gave_up < first_fallback <= gave_up + STAGE_DELAY
