@@ -301,11 +301,11 @@ class CppRuntime:
         only lengthens histories, and a plan rarely holds more than one such request: two
         rounds settle it; a third change would show as a plan mismatch."""
         requests = scheduler.requests
+        cap = compat.operator_prefill_cap(scheduler)
         for _ in range(_SHARED_PREFIX_REPLANS):
             grown = hits.grown_in_step(requests, plan.items)
             if not grown:
                 break
-            cap = compat.operator_prefill_cap(scheduler)
 
             def grow(walk: list[Candidate], grown: dict[str, int] = grown,
                      cap: int = cap) -> list[Candidate]:
@@ -387,7 +387,7 @@ class CppRuntime:
             # first few queued prefills: those come from the tail when the head has too few.
             short = self.manager.head_prefills - sum(1 for item in work if item[3])
             if short > 0:
-                work += self._looked_up(tail[:short], 0, 0)
+                work += self._looked_up(tail[:short], 0, None)
                 del tail[:short]
         head = _as_candidates(work, cap)
         if not tail:
@@ -406,22 +406,23 @@ class CppRuntime:
         return cap if 0 < cap < least else least
 
     def _looked_up(self, requests: list[Any], covered: int,
-                   least: int) -> list[tuple[str, int, int, bool]]:
+                   least: int | None) -> list[tuple[str, int, int, bool]]:
         """`work_item`s of waiting requests, each after the prefix it will find cached, looked
         up while a capped walk can still reach it: the waiting requests before them count
         ``covered`` tokens, and each of these its work or ``least`` tokens, whichever is
-        smaller (``least`` 0: look every one up)."""
+        smaller (``least`` None: look every one up)."""
         work = compat.pending_work(requests)
         hits = self.prefix_hits
         if hits is None or not work:
             return work
-        reach = self.max_budget if least else 1 << 62
+        reach = self.max_budget
         by_id = {r.request_id: r for r in requests}
         out = []
         for item in work:
-            if covered < reach:
+            if least is None or covered < reach:
                 item = _after_cached_prefix(hits, by_id[item[0]], item)
-                covered += item[2] if item[2] < least else least
+                if least is not None:
+                    covered += item[2] if item[2] < least else least
             out.append(item)
         return out
 
@@ -613,7 +614,7 @@ def _round(x: float | None) -> float | None:
 
 def _at_history(candidate: Candidate, request: Any, history: int, cap: int) -> Candidate:
     """A waiting request's candidate starting at ``history`` (a longer cached prefix), its
-    work seen through the operator's cap as `CppRuntime.candidates` does."""
+    work seen through the operator's cap as `_as_candidates` does."""
     _, full, _ = compat.request_progress(request)  # nothing computed yet: its whole work
     need = full - history
     if 0 < cap < need:
