@@ -207,7 +207,7 @@ class CppRuntime:
 
     def _budget_plan(self, scheduler: Any, budget: int) -> StepPlan:
         items = simulate(self.candidates(scheduler), budget, 0)
-        model = self.manager.model
+        model = self.manager.predictor.model  # at the host's current speed
         ms = model.step_ms([(i.history, i.tokens) for i in items]) if model and items \
             else math.nan
         # A fixed budget of N aims, in effect, at what an N-token chunk costs from an empty
@@ -591,7 +591,8 @@ class CppRuntime:
             f"steps_timed={self.steps_timed} median_pred_error={err_txt} "
             f"fit_attempts={s.get('fit_attempts', 0)} failed_fits={s.get('failed_fits', 0)} "
             f"plan_mismatches={self.plan_mismatches} "
-            f"host_ms_per_step={s.get('host_ms_per_step', 0.0):.1f}"
+            f"host_ms_per_step={s.get('host_ms_per_step', 0.0):.1f} "
+            f"speed={s.get('speed', 1.0):.2f}"
         )
 
     def close(self) -> None:

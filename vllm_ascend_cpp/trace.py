@@ -73,7 +73,7 @@ class TraceWriter:
             line["failed_fits"] = cal.failed_fits
         if (plan is None or matched is False) and manager.model is not None:
             pairs = [(h, n) for _, h, n, _ in rec.items]
-            line["predicted_ms"] = _finite(manager.model.step_ms(pairs))
+            line["predicted_ms"] = _finite(manager.predict_ms(pairs))
         return line
 
     def close(self) -> None:

@@ -82,12 +82,16 @@ def test_calibration_converges_on_this_traffic(soak_run: tuple[EngineRun, dict])
     assert cal["give_ups"] == 0 and "online calibration gave up" not in run.log
     assert cal["fallback_share"] is not None and cal["fallback_share"] <= 0.05
     assert cal["accepted_fits"] >= 1
-    assert cal["timed_steps_second_half"] >= 20
+    # The later half of the timed steps, after the refits from the startup model: the second
+    # half of a run this short may hold only a dozen timed steps (one in 16 once the model is
+    # good; CI once saw 15), too few for a median.
+    later = cal["later_timed_half"]
+    assert later["steps"] >= 40, later
     # Loose on purpose: on a shared 2-core runner equal work varies 1.5-2x in time (median
     # 0.16-0.33 seen at load 12-40). A model off by 2x gives a median near 0.5 and fails here;
     # the issue's 10% / 25% bars are measured by benchmarks/soak.py on a quiet machine.
-    assert cal["pred_error_median"] <= 0.35, cal
-    assert cal["pred_error_p90"] <= 1.0, cal
+    assert later["pred_error_median"] <= 0.35, later
+    assert later["pred_error_p90"] <= 1.0, later
     # Every stage timed: both stages' times on the timed steps.
     assert cal["timed_steps_with_stage_times"] >= cal["timed_steps_second_half"]
 

@@ -101,6 +101,12 @@ class LatencyModel:
         sum_l, sum_x, sum_lx, sum_xx = _sums(items)
         return np.array([1.0, sum_l, sum_x, 2.0 * sum_lx + sum_xx, sum_xx], dtype=np.float64)
 
+    def scaled(self, factor: float) -> LatencyModel:
+        """Every coefficient times ``factor``: the same shape on a faster or slower host."""
+        f = float(factor)
+        return LatencyModel(a=self.a * f, b=self.b * f, c=self.c * f, gamma=self.gamma * f,
+                            d=self.d * f)
+
     def as_vector(self) -> np.ndarray:
         """Coefficients ``[c, gamma, b, a, d]``, aligned with :meth:`step_features`."""
         return np.array([self.c, self.gamma, self.b, self.a, self.d], dtype=np.float64)

@@ -35,6 +35,7 @@ from .latency_model import LatencyModel
 from .predictor import ChunkSizePredictor
 from .report import build_report
 from .settings import CoreSettings
+from .speed import SpeedFactor
 from .step_planner import Candidate, StepPlan, StepPlanner, simulate
 
 __all__ = ["CppState", "ProfilingChunkManager", "PROFILE_VERSION"]
@@ -54,6 +55,8 @@ _RECENT_EVENTS = 64
 _HOST_GAP_WINDOW = 64
 _HOST_GAP_MIN = 8
 _HOST_GAP_CHANGE = 0.25
+# Timed steps whose median measured/predicted ratio scales the model in use (core/speed.py).
+SPEED_WINDOW = 16
 
 
 # (str, Enum) rather than StrEnum: setup.py still admits Python 3.10.
@@ -100,6 +103,8 @@ class ProfilingChunkManager:
         self._steps_timed = 0
         self._timing_calls = 0
         self._errors: deque[float] = deque(maxlen=_RECENT_ERRORS)
+        # With online calibration, predictions follow the host's speed between refits.
+        self.speed = SpeedFactor(window=SPEED_WINDOW)
 
     # -- profiling ------------------------------------------------------------------------
 
@@ -242,7 +247,7 @@ class ProfilingChunkManager:
         if self.model is not None and items and math.isfinite(measured) and measured > 0:
             pred = predicted_ms
             if pred is None or not math.isfinite(pred):
-                pred = self.model.step_ms(items)
+                pred = self.predict_ms(items)
             self._errors.append(abs(pred - measured) / measured)
         cal = self.calibrator
         if cal is None or self._failed_for_good:
@@ -251,6 +256,9 @@ class ProfilingChunkManager:
         # server whose sweep gave no model or to recover after the calibrator gave up.
         if self.state not in (CppState.CALIBRATING, CppState.FIXED_FALLBACK):
             return None
+        if self.state == CppState.CALIBRATING and self.model is not None and items \
+                and self.speed.observe(measured, self.model.step_ms(items)):
+            self._install(self.model)
         cal.add(items, measured)
         event = cal.maybe_refit(self.model)
         if event is None:
@@ -316,6 +324,7 @@ class ProfilingChunkManager:
             "target_mode": self.settings.target_mode,
             "auto_target_ms": self.auto.target_ms if self.auto is not None else None,
             "host_ms_per_step": self._host_ms_in_use,
+            "speed": self.speed.value,
             "steps_planned": self._steps_planned,
             "fallback_steps": self._fallback_steps,
             "steps_timed": self._steps_timed,
@@ -376,7 +385,7 @@ class ProfilingChunkManager:
             None, base_chunk=settings.base_chunk, smooth_factor=settings.smooth_factor,
             min_chunk=settings.min_chunk, block_size=settings.block_size)
         if self.model is not None:
-            self.predictor = self.predictor.with_model(self.model)
+            self.predictor = self.predictor.with_model(self.model.scaled(self.speed.value))
         self.planner = StepPlanner(self.predictor)
         # A separate auto engine learns its host time from its own gaps; these gaps come
         # from the same engine, so the auto target starts from what they say.
@@ -393,24 +402,45 @@ class ProfilingChunkManager:
         """The host time per step the auto target currently adds to ``c``."""
         return self._host_ms_in_use
 
+    def predict_ms(self, items: Sequence[tuple[int, int]]) -> float:
+        """What the model in use (with the host's speed) predicts for a step of these
+        ``(history, chunk)`` items; NaN without a model."""
+        model = self.predictor.model
+        return model.step_ms(items) if model is not None else math.nan
+
     def _use_model(self, model: LatencyModel) -> None:
-        predictor = self.predictor.with_model(model)
-        if not predictor.ready:
-            self.model = model
-            self.predictor = predictor
-            self.planner = StepPlanner(predictor)
-            self._enter_fallback(f"the fitted model is unusable: {predictor.not_ready_reason}")
+        self.speed.reset(self._recent_ratios(model))
+        if not self._install(model):
+            self._enter_fallback(f"the fitted model is unusable: "
+                                 f"{self.predictor.not_ready_reason}")
             return
-        self.model = model
-        self.predictor = predictor
-        self.planner = StepPlanner(predictor)
-        # A new model changes every forecast: start the auto target afresh.
-        self.auto = (AutoTargetTracker(AutoTarget(predictor, self.settings.pp_size,
-                                                  host_ms=self._host_ms_in_use))
-                     if self.settings.target_mode == "auto" else None)
         if not self._failed_for_good:
             self.state = CppState.CALIBRATING if self.calibrator is not None else CppState.READY
             self.fallback_reason = ""
+
+    def _install(self, model: LatencyModel) -> bool:
+        """Plan with ``model`` at the current speed; False when the predictor cannot use it."""
+        self.model = model
+        self.predictor = self.predictor.with_model(model.scaled(self.speed.value))
+        self.planner = StepPlanner(self.predictor)
+        if not self.predictor.ready:
+            return False
+        # New costs change every forecast: start the auto target afresh.
+        self.auto = (AutoTargetTracker(AutoTarget(self.predictor, self.settings.pp_size,
+                                                  host_ms=self._host_ms_in_use))
+                     if self.settings.target_mode == "auto" else None)
+        return True
+
+    def _recent_ratios(self, model: LatencyModel) -> list[float]:
+        """``measured / predicted`` of ``model`` on the latest online rows, oldest first: a new
+        model starts at the speed those steps ran at, not at the window's average."""
+        cal = self.calibrator
+        if cal is None or not cal.n_rows:
+            return []
+        X, y = cal.window_arrays()
+        X, y = X[-SPEED_WINDOW:], y[-SPEED_WINDOW:]
+        pred = X @ model.as_vector()
+        return [float(m / p) for m, p in zip(y, pred) if p > 0]
 
     def _enter_fallback(self, reason: str) -> None:
         self.state = CppState.FIXED_FALLBACK
