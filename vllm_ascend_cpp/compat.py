@@ -775,7 +775,16 @@ def prefix_cache_in_step(scheduler: Any) -> Callable[[Any, int, Sequence[Schedul
         hashes = request.block_hashes
         limit = min((int(request.num_tokens) - 1) // block, len(hashes))
         i = hit // block
-        spans = [(r.block_hashes, h // block, (h + n) // block) for r, h, n in earlier]
+        if i >= limit:
+            return hit
+        first_wanted = hashes[i]
+        # Chained hashes: a request whose block i differs from this one's differs at every
+        # later block too, so only those equal at i can extend the hit (usually none: requests
+        # that share a system prompt part where their own text starts).
+        spans = [(theirs, h // block, (h + n) // block) for r, h, n in earlier
+                 if i < len(theirs := r.block_hashes) and theirs[i] == first_wanted]
+        if not spans:
+            return hit
         grew = False
         while i < limit:
             want = hashes[i]

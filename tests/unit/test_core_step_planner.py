@@ -204,3 +204,35 @@ def test_plan_properties(case):
         lead_ok = not plan.lead.fallback and allowed is not None and plan.lead.chunk <= allowed
     if decode_cost <= target and lead_ok and not other_prefill_forced:
         assert plan.predicted_ms - model.c <= target * (1 + 1e-9)
+
+
+_tails = st.lists(st.integers(1, 100000), min_size=1, max_size=6)
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(step_cases(), _tails)
+def test_a_plan_without_an_open_end_is_the_plan_of_any_longer_walk(case, tail):
+    # What the runtime relies on to skip building a long waiting queue: unless the budget
+    # walk ran out of candidates (open_end) or vLLM's walk left budget unused, whole prompts
+    # queued after the candidates change nothing. Checked by planning the longer walk.
+    sp, cands, max_budget, _ = case
+    plan = sp.plan(cands, max_budget=max_budget)
+    longer = cands + [Candidate(f"t{i}", 0, n, True) for i, n in enumerate(tail)]
+    again = sp.plan(longer, max_budget=max_budget)
+    reached_end = len(plan.items) == len(cands)
+    if reached_end and (plan.open_end or plan.scheduled_tokens < plan.token_budget):
+        return
+    if any(c.is_prefill for c in cands):  # the lead is in the head, as the runtime promises
+        assert (again.token_budget, again.prefill_cap, again.items) == \
+            (plan.token_budget, plan.prefill_cap, plan.items)
+
+
+def test_open_end_examples():
+    sp = planner(base=2048)
+    # The lead alone reaches the target: the walk stopped on it, not at the end of the list.
+    assert not sp.plan([prefill(0, 50000)], max_budget=16384).open_end
+    # A short prompt leaves target and budget to spare: more prompts would have been taken.
+    short = sp.plan([prefill(0, 100)], max_budget=16384)
+    assert short.open_end and short.token_budget == 100
+    # ... unless the budget itself is used up.
+    assert not sp.plan([prefill(0, 64)], max_budget=64).open_end

@@ -208,8 +208,9 @@ class ProfilingChunkManager:
         (no decode) and that the head holds the walk's first :attr:`head_prefills` prefills
         (or all of them): then every input the decision reads is in the head, and the tail
         can change the plan only through a walk that takes every item of the head and still
-        has budget: a budget below ``max_budget`` (the planner's walk would go on) or tokens
-        of it unused (vLLM's would). Such a step is planned again on the whole walk, so the
+        has budget: the planner's budget walk took every item whole below its target and
+        ``max_budget`` (:attr:`StepPlan.open_end`), or vLLM's walk left tokens of the budget
+        unused. Such a step is planned again on the whole walk, so the
         plan is always the one the whole walk gives. The planner's walks keep no state; the
         auto target reads only what the head holds.
         """
@@ -221,14 +222,14 @@ class ProfilingChunkManager:
             plan = self.planner.plan(candidates, max_budget=max_budget,
                                      max_requests=max_requests, target_ms=target)
             if rest is not None and _walked_past(plan.items, plan.token_budget, candidates,
-                                                 max_budget):
+                                                 plan.open_end):
                 plan = self.planner.plan(rest(), max_budget=max_budget,
                                          max_requests=max_requests, target_ms=target)
             if self.auto is not None:
                 self.auto.observe(plan.predicted_ms)
         else:
             items = simulate(candidates, max_budget, 0, max_requests)
-            if rest is not None and _walked_past(items, max_budget, candidates, max_budget):
+            if rest is not None and _walked_past(items, max_budget, candidates, False):
                 items = simulate(rest(), max_budget, 0, max_requests)
             plan = StepPlan(max_budget, 0, items, math.nan, fallback=True,
                             reason=self.fallback_reason or f"state {self.state.value}")
@@ -471,12 +472,13 @@ def _finite_or_none(values: Sequence[float]) -> list[float | None]:
 
 
 def _walked_past(items: Sequence, budget: int, head: Sequence[Candidate],
-                 max_budget: int) -> bool:
+                 open_end: bool) -> bool:
     """Whether a walk that scheduled ``items`` under ``budget`` could have gone on past the
-    end of ``head`` (see :meth:`ProfilingChunkManager.plan_step`)."""
+    end of ``head`` (see :meth:`ProfilingChunkManager.plan_step`): the planner's budget walk
+    ran out of candidates (``open_end``), or vLLM's would, with tokens of the budget unused."""
     if len(items) < len(head):
         return False  # it stopped inside the head: what follows was never read
-    return budget < max_budget or sum(i.tokens for i in items) < budget
+    return open_end or sum(i.tokens for i in items) < budget
 
 
 def _float_or_nan(value: object) -> float:

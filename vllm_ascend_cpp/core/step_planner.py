@@ -76,7 +76,9 @@ class StepPlan:
     ``items`` is :func:`simulate` under ``(token_budget, prefill_cap)``; ``predicted_ms``
     includes ``c`` (NaN for a fallback plan without a model). ``target_ms`` is the step cost
     the plan aimed at, ``c`` included so it compares with a measured step (NaN when no target
-    was used: fallback plans).
+    was used: fallback plans). ``open_end`` says that the budget was sized by taking every
+    candidate whole with room and target to spare: only then could more candidates after
+    these have changed ``token_budget``.
     """
 
     token_budget: int
@@ -87,6 +89,7 @@ class StepPlan:
     reason: str = ""
     lead: ChunkDecision | None = None
     target_ms: float = math.nan
+    open_end: bool = False
 
     @property
     def scheduled_tokens(self) -> int:
@@ -237,18 +240,21 @@ class StepPlanner:
             slx += L * n
             sxx += n * n
         forced_cost = model.sums_cost_ms(sl, forced_tokens, slx, sxx)
-        budget = self._budget(candidates, end, cap, max_budget, target, last_forced,
-                              forced_tokens, forced_cost)
+        budget, open_end = self._budget(candidates, end, cap, max_budget, target,
+                                        last_forced, forced_tokens, forced_cost)
         items, ms = _simulate_ms(model, candidates, budget, cap, max_requests)
         fallback = lead is not None and lead.fallback
         return StepPlan(budget, cap, items, ms, fallback=fallback,
                         reason=lead.reason if lead is not None else "", lead=lead,
-                        target_ms=target + model.c)
+                        target_ms=target + model.c,
+                        open_end=open_end and end == len(candidates))
 
     def _budget(self, walk: Sequence[Candidate], end: int, cap: int, max_budget: int,
                 target: float, last_forced: int, forced_tokens: int,
-                forced_cost: float) -> int:
-        """Tokens scheduled when forced items go in whole and the rest fill up to ``target``.
+                forced_cost: float) -> tuple[int, bool]:
+        """Tokens scheduled when forced items go in whole and the rest fill up to ``target``,
+        and whether ``walk[:end]`` ran out first (every item whole, below both ``target`` and
+        ``max_budget``: a longer walk would have added to the budget).
 
         ``walk[:end]`` is what the walk reaches; ``forced_tokens``/``forced_cost`` are the
         sums over ``walk[:last_forced + 1]`` (prefills at the cap). When they fit in
@@ -289,4 +295,6 @@ class StepPlanner:
                 part -= part % p.alignment
             used += max(part, 0)
             break
-        return max(used, 1)
+        else:
+            return max(used, 1), used < max_budget and cost < target
+        return max(used, 1), False
