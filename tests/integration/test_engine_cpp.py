@@ -77,7 +77,14 @@ def test_long_prompt_chunks_shrink_sum_and_align(cpp_run: EngineRun) -> None:
     sizes = [n for _, n in seq]
     print("12k-token prompt chunks:", sizes)
     assert [h for h, _ in seq] == [sum(sizes[:i]) for i in range(len(sizes))]
-    assert all(b <= a for a, b in zip(sizes[:-2], sizes[1:-1])), sizes  # never growing
+    # Never growing under one model. Online calibration is on here, and a refit in the middle
+    # of the prompt may size the rest differently (CI once saw 512 -> 640 at the step the
+    # refit came in); a new model, or a new host speed, shows as a new target on the trace.
+    rid = next(k for k, v in chunks.items() if v == seq)
+    targets = [ln["target_ms"] for ln in trace for r in ln["requests"] if r["id"] == rid]
+    pairs = list(zip(sizes[:-2], sizes[1:-1], targets[:-2], targets[1:-1]))
+    assert all(b <= a for a, b, ta, tb in pairs if ta == tb), (sizes, targets)
+    assert sum(ta == tb for *_, ta, tb in pairs) >= len(pairs) // 2, targets
     assert all(n % align == 0 for n in sizes[:-1]), (align, sizes)
     assert max(sizes) <= BUDGET
     assert sizes[-2] < sizes[0], "chunks did not shrink at all"
