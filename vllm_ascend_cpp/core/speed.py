@@ -16,6 +16,7 @@ spikes cannot turn a model upside down; the refits stay in charge of the shape.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable
 
@@ -81,11 +82,8 @@ class SpeedFactor:
     def _settle(self, *, force: bool) -> bool:
         if len(self._logs) < self.min_steps:
             return False
-        logs = sorted(self._logs)
-        mid = len(logs) // 2
-        median = logs[mid] if len(logs) % 2 else 0.5 * (logs[mid - 1] + logs[mid])
         lo, hi = self.bounds
-        new = min(hi, max(lo, math.exp(median)))
+        new = min(hi, max(lo, math.exp(statistics.median(self._logs))))
         if not force and abs(new / self.value - 1.0) <= self.deadband:
             return False
         changed = new != self.value
