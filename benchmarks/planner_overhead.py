@@ -238,6 +238,7 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
         t0 = time.perf_counter()
         rt.plan(sched)
         first = time.perf_counter() - t0
+        rt.left_waiting((), ())  # the first step scheduled nothing (it is planned again)
         batches = []
         for _ in range(n_batches):
             t0 = time.perf_counter()
@@ -245,8 +246,7 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
                 rt.plan(sched)
                 head = sched.waiting.popleft()  # scheduled: its entry goes
                 del sched.requests[head.request_id]
-                if rt.prefix_hits is not None:
-                    rt.prefix_hits.drop([head.request_id])
+                rt.left_waiting((head.request_id,), ())  # as CppRuntime.scheduled does
                 new = arrivals.popleft()  # an arrival at the back
                 sched.waiting.append(new)
                 sched.requests[new.request_id] = new
@@ -378,10 +378,11 @@ def main() -> int:
               "The token budget ends the step's walk: after 16 requests once their prefixes "
               "are found (1024 tokens each), after 2 without the lookup (9216 each). The hook "
               "builds candidates for, and looks up, only the requests the walk can reach; "
-              "past them it reads three attributes of each waiting request (to know that each "
-              "is a prompt not yet started with no output to replay, all the plan needs of "
-              "it), so the cost still "
-              "grows slowly with the queue.", "",
+              "past them it needs to know that each waiting request is a prompt not yet "
+              "started with no output to replay (all the plan needs of it), which it reads "
+              "once per request and remembers until the request is scheduled "
+              "(`compat.KnownPrompts`), so a longer queue still costs a set lookup a "
+              "request.", "",
               "'one lookup' is the plugin's lookup alone on a request never looked up: a "
               "bisection over the request's block hashes (this dense layout), about "
               f"log2({LOOKUP_PREFIX // LOOKUP_BLOCK}) hash-table reads. 'vLLM's walk' is "

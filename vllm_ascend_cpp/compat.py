@@ -8,12 +8,13 @@ and say what they fall back to.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import inspect
 import itertools
 import operator
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 # Oldest vLLM whose surfaces we use (see tools/check_vllm_compat.py and docs/compatibility.md).
@@ -62,7 +63,13 @@ def loaded_vllm_version() -> tuple[int, ...] | None:
     """
     module = sys.modules.get("vllm")
     text = getattr(module, "__version__", None) if module is not None else None
-    return parse_version(text) if isinstance(text, str) else None
+    return _parsed_version(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_version(text: str) -> tuple[int, ...]:
+    # Asked on every step (admission_slots); the string never changes within a process.
+    return parse_version(text)
 
 
 def parse_version(text: str) -> tuple[int, ...]:
@@ -493,25 +500,35 @@ def whole_prefills(requests: list[Any]) -> bool:
     each then needs tokens and is a prefill from history 0 (`work_item` gives
     `(id, 0, n > 0, True)`), and stays a prefill after any prefix-cache hit (vLLM recomputes
     the last prompt token). A preempted request that kept output tokens is not one: a hit may
-    cover its prompt and leave it a decode. A few attribute reads a request, in C, for queues
-    too long to build items for.
+    cover its prompt and leave it a decode. A few attribute reads a request, for queues too
+    long to build items for.
 
     Outputs are seen through the request's output list (`_output_token_ids`, a plain list
     in every release we read) because `num_tokens` is a Python property: reading it for 256
     requests costs more than the rest of this check. Where the list is missing, `num_tokens`
     against `num_prompt_tokens` says the same."""
+    try:
+        return _whole_prompts(requests)
+    except AttributeError:
+        pass
     if any(map(_COMPUTED, requests)) or not all(map(_PROMPT_TOKENS, requests)):
         return False
-    try:
-        return not any(map(_OUTPUT_LIST, requests))
-    except AttributeError:
-        return not any(map(operator.ne, map(_TOKENS, requests), map(_PROMPT_TOKENS, requests)))
+    return not any(map(operator.ne, map(_TOKENS, requests), map(_PROMPT_TOKENS, requests)))
+
+
+def _whole_prompts(requests: list[Any]) -> bool:
+    # A plain loop, not `map(attrgetter)`: on CPython 3.11 the loop's attribute reads are
+    # specialised (inline caches), attrgetter's are not, and this runs over hundreds of
+    # requests every step (measured: about half the time of four attrgetter passes).
+    for r in requests:
+        if r.num_computed_tokens or r._output_token_ids or not r.num_prompt_tokens:
+            return False
+    return True
 
 
 _COMPUTED = operator.attrgetter("num_computed_tokens")
 _PROMPT_TOKENS = operator.attrgetter("num_prompt_tokens")
 _TOKENS = operator.attrgetter("num_tokens")
-_OUTPUT_LIST = operator.attrgetter("_output_token_ids")
 
 
 def running_work(scheduler: Any) -> list[tuple[str, int, int, bool]]:
@@ -620,7 +637,7 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
         return None
     enabled = getattr(manager, "prefix_cache_lookup_enabled", None)
     replay = int(getattr(scheduler, "prefix_replay_tokens", 0) or 0)
-    plain = _plain_block_cache(scheduler)
+    plain = _plain_block_table(scheduler)
 
     def opted_out(request: Any) -> bool:
         if enabled is not None:
@@ -628,7 +645,7 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
         return bool(getattr(request, "skip_reading_prefix_cache", False))
 
     if plain is not None:
-        cached, block = plain
+        key, present, block = plain
 
         def bisect(request: Any) -> int:
             if opted_out(request):
@@ -638,7 +655,7 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
             lo, hi = 0, min((int(request.num_tokens) - 1) // block, len(hashes))
             while lo < hi:  # blocks [0, lo) cached, blocks [hi, ...) not
                 mid = (lo + hi) // 2
-                if cached(hashes[mid]):
+                if present(key(hashes[mid])):
                     lo = mid + 1
                 else:
                     hi = mid
@@ -658,38 +675,54 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
     return lookup
 
 
-def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], bool] | None:
-    """A check that a request's earlier lookup still holds, in at most two hash-table reads;
-    None where no such check is known (then the earlier answer is kept until the request is
-    scheduled).
+def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], Callable[[], bool]] | None:
+    """A function that, given a request and the prefix its lookup found, makes a check that
+    the answer still holds, in at most two hash-table reads per call; None where no such
+    check is known (then the earlier answer is kept until the request is scheduled).
 
     Only for the plain layout of `_plain_block_cache` (the common dense model), where vLLM's
     hit is a run of whole cached blocks from the start: the answer is stale when the run's
     last block left the cache (evicted) or the block after it arrived (another request cached
     more of a shared prefix). vLLM frees a request's blocks tail first, so eviction shortens
     a run from its end. `BlockPool.get_cached_block` only reads, as in `prefix_cache_lookup`.
+    The two blocks' table keys are made once, when the check is made: the check runs every
+    step for every waiting request within reach, the lookup once.
     """
-    layout = _plain_block_cache(scheduler)
+    layout = _plain_block_table(scheduler)
     if layout is None:
         return None
-    cached, block = layout
+    key, present, block = layout
 
-    def still(request: Any, hit: int) -> bool:
+    def watch(request: Any, hit: int) -> Callable[[], bool]:
         n = hit // block
         hashes = request.block_hashes
-        if n and not cached(hashes[n - 1]):
-            return False
         limit = min((int(request.num_tokens) - 1) // block, len(hashes))
-        return not (n < limit and cached(hashes[n]))
+        last = key(hashes[n - 1]) if n else None
+        after = key(hashes[n]) if n < limit else None
 
-    return still
+        def still() -> bool:
+            return (last is None or present(last)) and (after is None or not present(after))
+
+        return still
+
+    return watch
 
 
 def _plain_block_cache(scheduler: Any) -> tuple[Callable[[Any], bool], int] | None:
-    """(is a block hash cached, block size) for a model with one full-attention KV cache
-    group, no EAGLE/MTP drop, no context parallelism and no replay window (the common dense
-    model), where vLLM's prefix hit is a run of whole cached blocks from the start; None
-    otherwise."""
+    """(is a block hash cached, block size) in the layout of `_plain_block_table`."""
+    layout = _plain_block_table(scheduler)
+    if layout is None:
+        return None
+    key, present, block = layout
+    return (lambda block_hash: present(key(block_hash))), block
+
+
+def _plain_block_table(scheduler: Any) -> tuple[Callable[[Any], Any], Callable[[Any], bool],
+                                                int] | None:
+    """(a block hash's key in the cached-block table, is a key there, block size) for a model
+    with one full-attention KV cache group, no EAGLE/MTP drop, no context parallelism and no
+    replay window (the common dense model), where vLLM's prefix hit is a run of whole cached
+    blocks from the start; None otherwise."""
     manager = getattr(scheduler, "kv_cache_manager", None)
     coordinator = getattr(manager, "coordinator", None)
     if type(coordinator).__name__ != "UnitaryKVCacheCoordinator":
@@ -706,19 +739,24 @@ def _plain_block_cache(scheduler: Any) -> tuple[Callable[[Any], bool], int] | No
         return None
     fast = _cached_block_table(pool)
     if fast is not None:
-        return fast, block
+        return (*fast, block)
     get = pool.get_cached_block
     group = [0]
 
     def cached(block_hash: Any) -> bool:
         return get(block_hash, group) is not None
 
-    return cached, block
+    return _same, cached, block
 
 
-def _cached_block_table(pool: Any) -> Callable[[Any], bool] | None:
-    """`pool.get_cached_block(h, [0]) is not None` as one dict membership test, or None
-    where the table is not the one read in 0.32.
+def _same(value: Any) -> Any:
+    return value
+
+
+def _cached_block_table(pool: Any) -> tuple[Callable[[Any], Any],
+                                            Callable[[Any], bool]] | None:
+    """`pool.get_cached_block(h, [0]) is not None` as one dict membership test of the key
+    of `h` (key, then test), or None where the table is not the one read in 0.32.
 
     The planner asks this for every waiting request within reach, every step (the probe of
     kept answers), and `get_cached_block` builds a key and a list per call. In 0.32 the table
@@ -742,21 +780,26 @@ def _cached_block_table(pool: Any) -> Callable[[Any], bool] | None:
     except Exception:  # noqa: BLE001 - another key layout: use vLLM's call
         return None
 
-    def cached(block_hash: Any) -> bool:
-        return block_hash + suffix in pool.cached_block_hash_to_block._cache
+    def key(block_hash: Any) -> Any:
+        return block_hash + suffix
 
-    return cached
+    def present(block_key: Any) -> bool:
+        return block_key in pool.cached_block_hash_to_block._cache
+
+    return key, present
 
 
-# (request, history, tokens) of a request scheduled earlier in the same step.
-ScheduledEarlier = tuple[Any, int, int]
+# (request, history, tokens) of a prefill chunk of a step, in the order vLLM's walk takes it.
+ScheduledChunk = tuple[Any, int, int]
 
 
-def prefix_cache_in_step(scheduler: Any) -> Callable[[Any, int, Sequence[ScheduledEarlier]],
-                                                     int] | None:
-    """A function giving the prefix a waiting request will find once the requests vLLM
-    schedules before it in the same step have cached their blocks; None where the layout is
-    not the plain one of `prefix_cache_probe`.
+def prefix_cache_in_step(scheduler: Any) -> Callable[[Sequence[ScheduledChunk]],
+                                                     dict[int, int]] | None:
+    """A function that, given a step's prefill chunks in walk order, finds the waiting
+    requests among them (nothing computed yet) that will find a longer prefix than their
+    chunk's history once the chunks before them have cached their blocks: {position in the
+    sequence: that prefix in tokens}. None where the layout is not the plain one of
+    `prefix_cache_probe`.
 
     vLLM caches a request's full blocks when it allocates them (`allocate_slots` caches up to
     `num_computed_tokens + num_new_tokens`, as read in 0.32), before the walk reaches the next
@@ -771,35 +814,61 @@ def prefix_cache_in_step(scheduler: Any) -> Callable[[Any, int, Sequence[Schedul
         return None
     cached, block = layout
 
-    def extend(request: Any, hit: int, earlier: Sequence[ScheduledEarlier]) -> int:
-        hashes = request.block_hashes
-        limit = min((int(request.num_tokens) - 1) // block, len(hashes))
-        i = hit // block
-        if i >= limit:
-            return hit
-        first_wanted = hashes[i]
-        # Chained hashes: a request whose block i differs from this one's differs at every
-        # later block too, so only those equal at i can extend the hit (usually none: requests
-        # that share a system prompt part where their own text starts).
-        spans = [(theirs, h // block, (h + n) // block) for r, h, n in earlier
-                 if i < len(theirs := r.block_hashes) and theirs[i] == first_wanted]
-        if not spans:
-            return hit
-        grew = False
-        while i < limit:
-            want = hashes[i]
-            if any(first <= i < end and i < len(theirs) and theirs[i] == want
+    def grown(chunks: Sequence[ScheduledChunk]) -> dict[int, int]:
+        out: dict[int, int] = {}
+        # Each earlier chunk as (its block hashes, first block it computes, block it stops at).
+        spans: list[tuple[Any, int, int]] = []
+        # The hash of each earlier chunk's first block, and the lowest first block: a chunk
+        # can supply block i only if it starts at i (then its first hash is this request's
+        # block i) or before i. Usually neither, and the request costs a set lookup.
+        starts: set[Any] = set()
+        lowest = 0
+        for k, (request, hit, tokens) in enumerate(chunks):
+            hashes = request.block_hashes
+            i = hit // block
+            if spans and request.num_computed_tokens == 0 and i < len(hashes) and (
+                    lowest < i or hashes[i] in starts):
+                longer = _extended(hashes, (int(request.num_tokens) - 1) // block, i, spans,
+                                   cached)
+                if longer * block > hit:
+                    out[k] = longer * block
+            end = (hit + tokens) // block
+            if i < end and i < len(hashes):
+                starts.add(hashes[i])
+            lowest = i if not spans or i < lowest else lowest
+            spans.append((hashes, i, end))
+        return out
+
+    return grown
+
+
+def _extended(hashes: Any, limit: int, i: int, spans: list[tuple[Any, int, int]],
+              cached: Callable[[Any], bool]) -> int:
+    """The blocks of `hashes` found from block `i` on (the first one the lookup missed), with
+    `spans` computed before it in the step: block i, then each next block, while an earlier
+    chunk computes it or, once grown, it is cached."""
+    limit = min(limit, len(hashes))
+    if i >= limit:
+        return i
+    first_wanted = hashes[i]
+    # Chained hashes: a chunk whose block i differs from this one's differs at every later
+    # block too, so only those computing an equal block i can extend the hit (usually none:
+    # requests that share a system prompt part where their own text starts).
+    spans = [span for span in spans if i < len(span[0]) and span[0][i] == first_wanted]
+    if not spans:
+        return i
+    start = i
+    while i < limit:
+        want = hashes[i]
+        if not any(first <= i < end and i < len(theirs) and theirs[i] == want
                    for theirs, first, end in spans):
-                grew = True
-            elif not (grew and cached(want)):
-                break  # before growing, the lookup already found block i missing
-            i += 1
-        return i * block if grew else hit
-
-    return extend
+            if not (i > start and cached(want)):
+                break
+        i += 1
+    return i
 
 
-def finished_request_ids(scheduler_output: Any) -> Iterable[str]:
+def finished_request_ids(scheduler_output: Any) -> Collection[str]:
     """Requests that finished or were aborted since the previous step."""
     return getattr(scheduler_output, "finished_req_ids", None) or ()
 
@@ -849,52 +918,190 @@ class WaitingOrder:
     0.32) is skipped by schedule() until that output is back, so it is left out here too.
     """
 
-    __slots__ = ("_queue", "_left")
+    __slots__ = ("_queue", "_left", "_known")
 
-    def __init__(self, scheduler: Any, limit: int) -> None:
+    def __init__(self, scheduler: Any, limit: int, known: KnownPrompts | None = None) -> None:
         self._left = max(0, int(limit))
         self._queue: Iterator[Any] = _admission_order(scheduler) if self._left else iter(())
+        # Requests known to be whole prompts are not stale (see KnownPrompts).
+        self._known = known.entries if known is not None and len(known) else None
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
+        known = self._known
         while self._left > 0:
             req = next(self._queue)
-            if not _stale(req):
+            if (known is not None and req in known) or not _stale(req):
                 self._left -= 1
                 return req
         raise StopIteration
 
     def rest(self) -> list[Any]:
-        """The requests not read yet (up to the limit). With none of them stale (the rule;
-        checked in C, `map` over attributes) this costs no Python step per request, which
-        matters for queues hundreds deep."""
+        """The requests not read yet (up to the limit)."""
+        return self.tail()[0]
+
+    def tail(self, known: KnownPrompts | None = None) -> tuple[list[Any], bool]:
+        """The requests not read yet (up to the limit), and whether each is a whole prompt
+        not yet started (`whole_prefills`). The usual queue (none stale, every one a fresh
+        prompt) is read in one pass, a few attribute reads a request: this runs every step
+        over queues hundreds deep. With `known`, only requests it does not hold are read
+        (and remembered when the answer is yes)."""
         left = self._left
         if left <= 0:
-            return []
+            return [], True
         window = list(itertools.islice(self._queue, left))
         self._left = 0
+        if known is not None:
+            unread = known.unknown(window)
+            if not unread:
+                return window, True
+            if len(unread) < len(window):
+                try:
+                    fresh = _live_window(unread)
+                except AttributeError:
+                    fresh = None
+                if fresh:
+                    known.remember(unread)
+                    return window, True
         try:
-            if not any(map(_STALE_TOKENS, window)):
-                return window  # nothing skipped: the window is the rest
+            verdict = _live_window(window)
         except AttributeError:
-            pass  # before 0.32 (no stale output) or a request without the attribute
+            verdict = None  # before 0.32 (no stale output) or a request without an attribute
+        if verdict is not None:
+            if verdict and known is not None:
+                known.remember(window)
+            return window, verdict  # nothing skipped: the window is the rest
         out = [r for r in window if not _stale(r)]
         for req in self._queue:
             if len(out) >= left:
                 break
             if not _stale(req):
                 out.append(req)
-        return out
+        return out, whole_prefills(out)
 
 
-_STALE_TOKENS = operator.attrgetter("num_stale_output_tokens")
+class KnownPrompts:
+    """Waiting requests already read as whole prompts (`whole_prefills`), so that the long
+    tail of a waiting queue, which the step cannot reach but whose kind the plan needs, is
+    not read again every step: a set lookup by identity instead of reading each request's
+    fields (which, at 240 waiting requests past the step's reach, took most of the step's
+    planning time).
+
+    In the releases we read (0.32's `schedule()`, `_preempt_request`,
+    `_handle_stopped_request`, `_update_request_as_session`), a waiting request gains computed
+    tokens, output or stale output only by being scheduled (it runs, and comes back preempted
+    or as a streaming session's next turn), except that a KV connector sets the computed
+    tokens of a waiting request whose remote KV it loads, without scheduling it. So every
+    request a step schedules is forgotten (`forget`, from the step's scheduled and finished
+    ids), and with a KV connector nothing is remembered (`usable`). Requests are held by
+    object, hashed by identity (vLLM's `Request` defines no `__eq__`; a request class that
+    does is never remembered), which also keeps an identity from being reused while held;
+    they are dropped when scheduled or finished, and beyond `max_entries` (requests that left
+    unseen) all go.
+    """
+
+    __slots__ = ("_by_id", "entries", "_max_entries", "_owed")
+
+    def __init__(self, max_entries: int = 65536) -> None:
+        # request -> its `work_item`, fixed while it waits unscheduled (a streaming update to
+        # a request vLLM has not scheduled yet is queued, not applied, in 0.32's add_request).
+        self.entries: dict[Any, tuple[str, int, int, bool]] = {}
+        self._by_id: dict[str, Any] = {}  # request_id -> request, to forget by id
+        self._max_entries = max_entries
+        # A step was planned with what is known and its scheduled requests are not forgotten
+        # yet: should `forget` never come (a failed record), nothing known can be trusted.
+        self._owed = False
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def held(self) -> list[Any]:
+        return list(self.entries)
+
+    @staticmethod
+    def usable(scheduler: Any) -> bool:
+        return getattr(scheduler, "connector", None) is None
+
+    def begin(self) -> None:
+        """A step is planned with what is known; `forget` must follow before the next."""
+        if self._owed:
+            self.clear()
+        self._owed = True
+
+    def unknown(self, requests: list[Any]) -> list[Any]:
+        """The requests not known to be whole prompts."""
+        entries = self.entries
+        if not entries:
+            return requests
+        flags = list(map(entries.__contains__, requests))
+        if all(flags):
+            return []
+        return list(itertools.compress(requests, map(operator.not_, flags)))
+
+    def remember(self, requests: list[Any]) -> None:
+        """Requests just read as whole prompts (`whole_prefills`)."""
+        entries = self.entries
+        if len(entries) + len(requests) > self._max_entries:
+            self.clear()
+        for r in requests:
+            if not _hashed_by_identity(type(r)):
+                return
+            item = work_item(r)
+            if item is None:
+                continue
+            old = self._by_id.get(item[0])
+            if old is not None and old is not r:
+                entries.pop(old, None)  # the same id on a new object: the old one is gone
+            entries[r] = item
+            self._by_id[item[0]] = r
+
+    def forget(self, *id_sets: Collection[str]) -> None:
+        """Requests vLLM scheduled (or finished) this step."""
+        self._owed = False
+        by_id = self._by_id
+        if not by_id:
+            return
+        entries = self.entries
+        for req_ids in id_sets:
+            # Whichever side is shorter is walked: hundreds of running decodes are scheduled
+            # every step while few requests are known, or the other way round.
+            gone = [rid for rid in by_id if rid in req_ids] if len(by_id) < len(req_ids) \
+                else [rid for rid in req_ids if rid in by_id]
+            for rid in gone:
+                entries.pop(by_id.pop(rid), None)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._by_id.clear()
+        self._owed = False
+
+
+@functools.lru_cache(maxsize=16)
+def _hashed_by_identity(cls: type) -> bool:
+    return cls.__hash__ is object.__hash__ and cls.__eq__ is object.__eq__
+
+
+def _live_window(window: list[Any]) -> bool | None:
+    """None when a request of the window may be stale (the caller checks each); else whether
+    all are whole prompts (`_whole_prompts`), in the same pass (see there why a loop)."""
+    whole = True
+    for r in window:
+        if r.num_stale_output_tokens:
+            return None
+        if whole and (r.num_computed_tokens or r._output_token_ids
+                      or not r.num_prompt_tokens):
+            whole = False
+    return whole
 
 
 def _stale(req: Any) -> bool:
-    return bool(getattr(req, "num_stale_output_tokens", 0)) and not getattr(
-        req, "drop_stale_output", False)
+    try:
+        return bool(req.num_stale_output_tokens) and not req.drop_stale_output
+    except AttributeError:  # before 0.32
+        return bool(getattr(req, "num_stale_output_tokens", 0)) and not getattr(
+            req, "drop_stale_output", False)
 
 
 def _admission_order(scheduler: Any) -> Iterator[Any]:

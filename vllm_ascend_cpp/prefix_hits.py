@@ -11,8 +11,9 @@ finishes or is aborted, and when the prefix cache is reset; a request whose toke
 
 Between the lookup and the step that schedules the request, the cache may change under it
 (another request caches more of a shared prefix, or blocks are evicted). Where vLLM's layout
-allows a cheap check (`compat.prefix_cache_probe`: two hash-table reads), the kept answers of
-the waiting requests a step can reach are checked every step and looked up again when stale.
+allows a cheap check (`compat.prefix_cache_probe`: two hash-table reads, the check made with
+the answer), the kept answers of the waiting requests a step can reach are checked every step
+and looked up again when stale.
 Elsewhere a stale answer shows as a plan that differs from what ran, in the trace.
 
 Within one step, vLLM caches each scheduled request's full blocks as it allocates them, so a
@@ -36,15 +37,16 @@ MAX_ENTRIES = 65536
 
 class PrefixHits:
     def __init__(self, lookup: Callable[[Any], int],
-                 probe: Callable[[Any, int], bool] | None = None,
+                 probe: Callable[[Any, int], Callable[[], bool]] | None = None,
                  max_entries: int = MAX_ENTRIES,
-                 in_step: Callable[[Any, int, Sequence[tuple[Any, int, int]]], int] | None
+                 in_step: Callable[[Sequence[tuple[Any, int, int]]], dict[int, int]] | None
                  = None) -> None:
         self._lookup = lookup
         self._probe = probe
         self._in_step = in_step
         self._max_entries = max_entries
-        self._hits: dict[str, tuple[int, int]] = {}  # req_id -> (num_tokens, hit)
+        # req_id -> (num_tokens, hit, the check that the hit still holds or None)
+        self._hits: dict[str, tuple[int, int, Callable[[], bool] | None]] = {}
         self.lookups = 0
 
     def __len__(self) -> int:
@@ -57,14 +59,15 @@ class PrefixHits:
         num_tokens = request.num_tokens
         entry = self._hits.get(rid)
         if entry is not None and entry[0] == num_tokens:
-            probe = self._probe
-            if not check or probe is None or probe(request, entry[1]):
+            still = entry[2]
+            if not check or still is None or still():
                 return entry[1]
         if len(self._hits) >= self._max_entries:
             self._hits.clear()
         self.lookups += 1
         hit = max(0, min(int(self._lookup(request)), num_tokens - 1))
-        self._hits[rid] = (num_tokens, hit)
+        probe = self._probe
+        self._hits[rid] = (num_tokens, hit, probe(request, hit) if probe is not None else None)
         return hit
 
     def drop(self, req_ids: Iterable[str]) -> None:
@@ -86,23 +89,22 @@ class PrefixHits:
         start with nothing computed and will find a longer prefix than planned, because
         prefill chunks before them in the same step cache it: req_id -> that prefix in
         tokens."""
-        extend = self._in_step
-        grown: dict[str, int] = {}
-        if extend is None or len(items) < 2:
-            return grown
+        grown_at = self._in_step
+        if grown_at is None or len(items) < 2:
+            return {}
         # Only prefill chunks are matched: a decode caches a block of generated tokens, which
         # no waiting prompt can share (a next turn needs the whole reply). With hundreds of
         # decodes in a step this keeps the pass to a field check per decode.
-        earlier: list[tuple[Any, int, int]] = []
+        chunks: list[tuple[Any, int, int]] = []
+        ids: list[str] = []
         for rid, history, tokens, is_prefill in items:
             if not is_prefill:
                 continue
             req = requests.get(rid)
             if req is None:
                 break
-            if earlier and req.num_computed_tokens == 0:
-                hit = extend(req, history, earlier)
-                if hit > history:
-                    grown[rid] = hit
-            earlier.append((req, history, tokens))
-        return grown
+            chunks.append((req, history, tokens))
+            ids.append(rid)
+        if len(chunks) < 2:
+            return {}
+        return {ids[k]: hit for k, hit in grown_at(chunks).items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -173,6 +173,7 @@ class CppRuntime:
         # Trace lines in step order: [line, ready]; a timed step's line waits for its stages.
         self._held: deque[list] = deque()
         self.prefix_hits: PrefixHits | None = None
+        self.known_prompts = compat.KnownPrompts()
         self._step_fault = faults.step_hook()  # test-only (faults.py); None when served
         self._closed = False
 
@@ -359,7 +360,12 @@ class CppRuntime:
         counted at its work or at the fewest tokens a cap can leave it).
         """
         work = compat.running_work(scheduler)
-        order = compat.WaitingOrder(scheduler, compat.admission_slots(scheduler))
+        known = self.known_prompts if compat.KnownPrompts.usable(scheduler) else None
+        if known is not None:
+            known.begin()
+        order = compat.WaitingOrder(scheduler, compat.admission_slots(scheduler), known)
+        # A request known to be a whole prompt has a known work item (compat.KnownPrompts).
+        entries = known.entries if known is not None and len(known) else None
         hits = self.prefix_hits
         cap = compat.operator_prefill_cap(scheduler)
         least = self._least_share(cap)
@@ -368,9 +374,11 @@ class CppRuntime:
         work_item = compat.work_item
         append = work.append
         for req in order:
-            item = work_item(req)
+            item = entries.get(req) if entries is not None else None
             if item is None:
-                continue
+                item = work_item(req)
+                if item is None:
+                    continue
             if hits is not None:
                 item = _after_cached_prefix(hits, req, item)
             append(item)
@@ -378,8 +386,8 @@ class CppRuntime:
             capped += item[2] if item[2] < least else least
             if covered >= reach:
                 break
-        tail = order.rest()  # the admissible requests the step cannot reach
-        if tail and not compat.whole_prefills(tail):
+        tail, whole = order.tail(known)  # the admissible requests the step cannot reach
+        if tail and not whole:
             work += self._looked_up(tail, capped, least)
             tail = []
         elif tail:
@@ -426,17 +434,24 @@ class CppRuntime:
             out.append(item)
         return out
 
+    def left_waiting(self, scheduled: Collection[str], finished: Collection[str]) -> None:
+        """Forget what is kept about waiting requests that vLLM scheduled or finished."""
+        self.known_prompts.forget(scheduled, finished)
+        hits = self.prefix_hits
+        if hits is not None:
+            hits.drop(scheduled)
+            hits.drop(finished)
+
     def scheduled(self, scheduler: Any, output: Any, plan: StepPlan | None) -> StepRecord | None:
         """Record what vLLM actually scheduled; mark the step for timing when sampled.
 
         Returns the step's record (None for a step without requests: the guard's sign that
         there was no work to do)."""
+        # First, before anything that may fail: what is kept about waiting requests must not
+        # outlive their scheduling (KnownPrompts, PrefixHits).
+        self.left_waiting(output.num_scheduled_tokens, compat.finished_request_ids(output))
         faults.hot_path("record")
         self._step += 1
-        hits = self.prefix_hits
-        if hits is not None:
-            hits.drop(output.num_scheduled_tokens)
-            hits.drop(compat.finished_request_ids(output))
         if self._step_fault is not None:
             self._step_fault()
         items = scheduled_items(scheduler.requests, output.num_scheduled_tokens)

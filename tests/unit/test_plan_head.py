@@ -96,14 +96,20 @@ def _req(rid: str, prompt: int, computed: int = 0, outputs: int = 0,
                            _output_token_ids=[7] * outputs)
 
 
-def _in_step(req: SimpleNamespace, hit: int, earlier) -> int:
-    """What a request finds once requests scheduled before it in the step cached their
-    blocks: the shared document, as far as they computed it."""
-    best = hit
-    for other, history, tokens in earlier:
-        if req.doc is not None and other.doc == req.doc:
-            best = max(best, min(2000, history + tokens, req.num_tokens - 1))
-    return best
+def _in_step(chunks) -> dict[int, int]:
+    """What each waiting request finds once the chunks scheduled before it in the step cached
+    their blocks: the shared document, as far as they computed it."""
+    out = {}
+    for k, (req, hit, _) in enumerate(chunks):
+        if req.num_computed_tokens:
+            continue
+        best = hit
+        for other, history, tokens in chunks[:k]:
+            if req.doc is not None and other.doc == req.doc:
+                best = max(best, min(2000, history + tokens, req.num_tokens - 1))
+        if best > hit:
+            out[k] = best
+    return out
 
 
 def _planned_on_the_whole_walk(rt) -> None:
@@ -139,7 +145,7 @@ def test_the_runtime_plans_a_long_queue_as_the_whole_queue(kind: str) -> None:
                                                                 req.num_tokens - 1]))
 
         for rt in pair:
-            rt.attach_prefix_cache(lookup, lambda req, hit: True, in_step=_in_step)
+            rt.attach_prefix_cache(lookup, lambda req, hit: lambda: True, in_step=_in_step)
         _planned_on_the_whole_walk(pair[1])
         head_rt, whole_rt = pair
         walks = []

@@ -185,11 +185,11 @@ def test_probe_notices_a_growing_and_a_shrinking_hit() -> None:
     assert manager.allocate_slots(a, 64, 0, manager.get_computed_blocks(a)[0]) is not None
     b = make_request("b", shared + [901] * 40)
     assert hits.hit(b, check=True) == 64 == manager.get_computed_blocks(b)[1]
-    assert probe(b, 64)
+    assert probe(b, 64)()
     # A's next chunk caches 64 more tokens of the shared prefix: B's answer is stale.
     a.num_computed_tokens = 64
     assert manager.allocate_slots(a, 64) is not None
-    assert not probe(b, 64)
+    assert not probe(b, 64)()
     assert hits.hit(b) == 64  # not checked: the kept answer
     assert hits.hit(b, check=True) == 128 == manager.get_computed_blocks(b)[1]
     assert hits.lookups == 2
@@ -200,7 +200,7 @@ def test_probe_notices_a_growing_and_a_shrinking_hit() -> None:
     assert manager.allocate_slots(c, c.num_tokens) is not None
     truth = manager.get_computed_blocks(b)[1]
     assert truth < 128
-    assert not probe(b, 128)
+    assert not probe(b, 128)()
     assert hits.hit(b, check=True) == truth
     assert hits.lookups == 3
 
@@ -222,8 +222,8 @@ def test_in_step_growth_is_what_vllm_finds_after_the_earlier_allocations() -> No
     for _ in range(60):
         manager = make_manager(num_blocks=400, events=False)
         sched = Sched(manager)
-        lookup, extend = compat.prefix_cache_lookup(sched), compat.prefix_cache_in_step(sched)
-        assert lookup is not None and extend is not None
+        lookup, grown = compat.prefix_cache_lookup(sched), compat.prefix_cache_in_step(sched)
+        assert lookup is not None and grown is not None
         docs = [[rng.randrange(1, 30000) for _ in range(400)] for _ in range(2)]
         if rng.random() < 0.5:  # something of one document already cached
             run_to_completion(manager, make_request("old", docs[0][:rng.randrange(1, 300)]))
@@ -240,7 +240,7 @@ def test_in_step_growth_is_what_vllm_finds_after_the_earlier_allocations() -> No
             hit = lookup(req)
             plan.append((req, hit, rng.randrange(1, req.num_tokens - hit + 1)))
         for k, (req, hit, _) in enumerate(plan):
-            predicted = extend(req, hit, [(r, h, n) for r, h, n in plan[:k]])
+            predicted = grown(plan[:k + 1]).get(k, hit)
             blocks, truth, _ = manager.get_computed_blocks(req)
             assert predicted == truth, (k, hit, predicted, truth)
             checked += 1
