@@ -65,10 +65,14 @@ class Req:
 
 
 class Sched:
+    """The attributes of vLLM's Scheduler that the hook reads."""
+
     def __init__(self, running: list[Req], waiting: list[Req]) -> None:
         self.running = running
         self.waiting = deque(waiting)
         self.max_num_running_reqs = 1024
+        self.finished_req_ids: set[str] = set()  # finished since the last schedule()
+        self.connector = None  # no KV connector
 
 
 def make_sched(n_running: int) -> tuple[Sched, Req]:
@@ -246,7 +250,8 @@ def lookup_cost(n_waiting: int, steps: int = 400) -> dict | None:
                 rt.plan(sched)
                 head = sched.waiting.popleft()  # scheduled: its entry goes
                 del sched.requests[head.request_id]
-                rt.left_waiting((head.request_id,), ())  # as CppRuntime.scheduled does
+                # As CppRuntime.scheduled records it: scheduled, and (max_tokens=1) finished.
+                rt.left_waiting((head.request_id,), (head.request_id,))
                 new = arrivals.popleft()  # an arrival at the back
                 sched.waiting.append(new)
                 sched.requests[new.request_id] = new
@@ -379,10 +384,10 @@ def main() -> int:
               "are found (1024 tokens each), after 2 without the lookup (9216 each). The hook "
               "builds candidates for, and looks up, only the requests the walk can reach; "
               "past them it needs to know that each waiting request is a prompt not yet "
-              "started with no output to replay (all the plan needs of it), which it reads "
-              "once per request and remembers until the request is scheduled "
-              "(`compat.KnownPrompts`), so a longer queue still costs a set lookup a "
-              "request.", "",
+              "started with no output to replay (all the plan needs of it), which holds "
+              "without reading them when no request vLLM scheduled before is waiting "
+              "(`compat.ScheduledBefore`, the case here: each scheduled request finishes "
+              "with its one token), so the queue's length past the reach costs nothing.", "",
               "'one lookup' is the plugin's lookup alone on a request never looked up: a "
               "bisection over the request's block hashes (this dense layout), about "
               f"log2({LOOKUP_PREFIX // LOOKUP_BLOCK}) hash-table reads. 'vLLM's walk' is "

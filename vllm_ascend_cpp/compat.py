@@ -918,169 +918,123 @@ class WaitingOrder:
     0.32) is skipped by schedule() until that output is back, so it is left out here too.
     """
 
-    __slots__ = ("_queue", "_left", "_known")
+    __slots__ = ("_queue", "_left", "_peeked")
 
-    def __init__(self, scheduler: Any, limit: int, known: KnownPrompts | None = None) -> None:
+    def __init__(self, scheduler: Any, limit: int) -> None:
         self._left = max(0, int(limit))
         self._queue: Iterator[Any] = _admission_order(scheduler) if self._left else iter(())
-        # Requests known to be whole prompts are not stale (see KnownPrompts).
-        self._known = known.entries if known is not None and len(known) else None
+        self._peeked: Any = None  # read by `more()`, not handed out yet
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        known = self._known
+        if self._peeked is not None:
+            req, self._peeked = self._peeked, None
+            return req
         while self._left > 0:
             req = next(self._queue)
-            if (known is not None and req in known) or not _stale(req):
+            if not _stale(req):
                 self._left -= 1
                 return req
         raise StopIteration
+
+    def more(self) -> bool:
+        """Whether any request is left, reading at most one."""
+        if self._peeked is None:
+            self._peeked = next(self, None)
+        return self._peeked is not None
+
+    def take(self, n: int) -> list[Any]:
+        """The next `n` requests (fewer when the rest is shorter)."""
+        return list(itertools.islice(self, max(0, n)))
 
     def rest(self) -> list[Any]:
         """The requests not read yet (up to the limit)."""
         return self.tail()[0]
 
-    def tail(self, known: KnownPrompts | None = None) -> tuple[list[Any], bool]:
+    def tail(self) -> tuple[list[Any], bool]:
         """The requests not read yet (up to the limit), and whether each is a whole prompt
         not yet started (`whole_prefills`). The usual queue (none stale, every one a fresh
-        prompt) is read in one pass, a few attribute reads a request: this runs every step
-        over queues hundreds deep. With `known`, only requests it does not hold are read
-        (and remembered when the answer is yes)."""
+        prompt) is read in one pass, a few attribute reads a request."""
+        head = [self._peeked] if self._peeked is not None else []
+        self._peeked = None
         left = self._left
         if left <= 0:
-            return [], True
-        window = list(itertools.islice(self._queue, left))
+            return head, whole_prefills(head)
+        window = head + list(itertools.islice(self._queue, left))
         self._left = 0
-        if known is not None:
-            unread = known.unknown(window)
-            if not unread:
-                return window, True
-            if len(unread) < len(window):
-                try:
-                    fresh = _live_window(unread)
-                except AttributeError:
-                    fresh = None
-                if fresh:
-                    known.remember(unread)
-                    return window, True
         try:
             verdict = _live_window(window)
         except AttributeError:
             verdict = None  # before 0.32 (no stale output) or a request without an attribute
         if verdict is not None:
-            if verdict and known is not None:
-                known.remember(window)
             return window, verdict  # nothing skipped: the window is the rest
         out = [r for r in window if not _stale(r)]
         for req in self._queue:
-            if len(out) >= left:
+            if len(out) >= left + len(head):
                 break
             if not _stale(req):
                 out.append(req)
         return out, whole_prefills(out)
 
 
-class KnownPrompts:
-    """Waiting requests already read as whole prompts (`whole_prefills`), so that the long
-    tail of a waiting queue, which the step cannot reach but whose kind the plan needs, is
-    not read again every step: a set lookup by identity instead of reading each request's
-    fields (which, at 240 waiting requests past the step's reach, took most of the step's
-    planning time).
+class ScheduledBefore:
+    """The requests vLLM has scheduled at least once and not finished, by id, so that a step
+    can tell without reading the waiting queue that every waiting request is a whole prompt
+    (`whole_prefills`), which is all the plan needs of the requests past its reach.
 
     In the releases we read (0.32's `schedule()`, `_preempt_request`,
     `_handle_stopped_request`, `_update_request_as_session`), a waiting request gains computed
-    tokens, output or stale output only by being scheduled (it runs, and comes back preempted
-    or as a streaming session's next turn), except that a KV connector sets the computed
-    tokens of a waiting request whose remote KV it loads, without scheduling it. So every
-    request a step schedules is forgotten (`forget`, from the step's scheduled and finished
-    ids), and with a KV connector nothing is remembered (`usable`). Requests are held by
-    object, hashed by identity (vLLM's `Request` defines no `__eq__`; a request class that
-    does is never remembered), which also keeps an identity from being reused while held;
-    they are dropped when scheduled or finished, and beyond `max_entries` (requests that left
-    unseen) all go.
+    tokens, output or stale output only by being scheduled first (it comes back preempted or
+    as a streaming session's next turn), except that a KV connector sets the computed tokens
+    of a waiting request whose remote KV it loads without scheduling it (no verdict then). A
+    request vLLM schedules moves to `running`, and leaves it when it finishes (into the
+    scheduler's `finished_req_ids` until the next `schedule()`) or is preempted or paused. So
+    when the requests scheduled before and not finished are exactly as many as `running`
+    holds, none of them waits, and every waiting request is one vLLM never scheduled.
+
+    `record` takes every step's scheduled and finished ids (from `CppRuntime.scheduled`); a
+    step begun and never recorded (vLLM's `schedule()` raised, or recording failed) leaves
+    the set unsure, and every request vLLM then knows counts as scheduled before until it
+    finishes.
     """
 
-    __slots__ = ("_by_id", "entries", "_max_entries", "_owed")
+    __slots__ = ("_ids", "_owed")
 
-    def __init__(self, max_entries: int = 65536) -> None:
-        # request -> its `work_item`, fixed while it waits unscheduled (a streaming update to
-        # a request vLLM has not scheduled yet is queued, not applied, in 0.32's add_request).
-        self.entries: dict[Any, tuple[str, int, int, bool]] = {}
-        self._by_id: dict[str, Any] = {}  # request_id -> request, to forget by id
-        self._max_entries = max_entries
-        # A step was planned with what is known and its scheduled requests are not forgotten
-        # yet: should `forget` never come (a failed record), nothing known can be trusted.
-        self._owed = False
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._owed = False  # a step was begun and its record has not come yet
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._ids)
 
-    def held(self) -> list[Any]:
-        return list(self.entries)
-
-    @staticmethod
-    def usable(scheduler: Any) -> bool:
-        return getattr(scheduler, "connector", None) is None
-
-    def begin(self) -> None:
-        """A step is planned with what is known; `forget` must follow before the next."""
+    def begin(self, scheduler: Any) -> None:
+        """A step is about to be scheduled; `record` must follow before the next."""
         if self._owed:
-            self.clear()
+            self._ids.update(getattr(scheduler, "requests", None) or ())
         self._owed = True
 
-    def unknown(self, requests: list[Any]) -> list[Any]:
-        """The requests not known to be whole prompts."""
-        entries = self.entries
-        if not entries:
-            return requests
-        flags = list(map(entries.__contains__, requests))
-        if all(flags):
-            return []
-        return list(itertools.compress(requests, map(operator.not_, flags)))
-
-    def remember(self, requests: list[Any]) -> None:
-        """Requests just read as whole prompts (`whole_prefills`)."""
-        entries = self.entries
-        if len(entries) + len(requests) > self._max_entries:
-            self.clear()
-        for r in requests:
-            if not _hashed_by_identity(type(r)):
-                return
-            item = work_item(r)
-            if item is None:
-                continue
-            old = self._by_id.get(item[0])
-            if old is not None and old is not r:
-                entries.pop(old, None)  # the same id on a new object: the old one is gone
-            entries[r] = item
-            self._by_id[item[0]] = r
-
-    def forget(self, *id_sets: Collection[str]) -> None:
-        """Requests vLLM scheduled (or finished) this step."""
-        self._owed = False
-        by_id = self._by_id
-        if not by_id:
-            return
-        entries = self.entries
-        for req_ids in id_sets:
-            # Whichever side is shorter is walked: hundreds of running decodes are scheduled
-            # every step while few requests are known, or the other way round.
-            gone = [rid for rid in by_id if rid in req_ids] if len(by_id) < len(req_ids) \
-                else [rid for rid in req_ids if rid in by_id]
-            for rid in gone:
-                entries.pop(by_id.pop(rid), None)
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self._by_id.clear()
+    def record(self, scheduled: Collection[str], finished: Collection[str]) -> None:
+        self._ids.update(scheduled)
+        if finished:
+            self._ids.difference_update(finished)
         self._owed = False
 
-
-@functools.lru_cache(maxsize=16)
-def _hashed_by_identity(cls: type) -> bool:
-    return cls.__hash__ is object.__hash__ and cls.__eq__ is object.__eq__
+    def none_waiting(self, scheduler: Any) -> bool:
+        """True when every waiting request is one vLLM never scheduled (so a whole prompt);
+        False when that is not known."""
+        if getattr(scheduler, "connector", None) is not None:
+            return False
+        running = getattr(scheduler, "running", None)
+        pending = getattr(scheduler, "finished_req_ids", None)
+        if running is None or pending is None:
+            return False
+        ids = self._ids
+        n = len(ids)
+        if pending:
+            n -= len(ids.intersection(pending))
+        return n == len(running)
 
 
 def _live_window(window: list[Any]) -> bool | None:

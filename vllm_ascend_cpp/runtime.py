@@ -173,7 +173,7 @@ class CppRuntime:
         # Trace lines in step order: [line, ready]; a timed step's line waits for its stages.
         self._held: deque[list] = deque()
         self.prefix_hits: PrefixHits | None = None
-        self.known_prompts = compat.KnownPrompts()
+        self.scheduled_before = compat.ScheduledBefore()
         self._step_fault = faults.step_hook()  # test-only (faults.py); None when served
         self._closed = False
 
@@ -199,6 +199,8 @@ class CppRuntime:
 
     def plan(self, scheduler: Any) -> StepPlan | None:
         """This step's budget and prefill cap, or None to leave vLLM's own limits alone."""
+        # Called before every schedule(), planned or not; `scheduled` records what ran.
+        self.scheduled_before.begin(scheduler)
         bench = self.bench_policy
         if bench is None:
             return self._cpp_plan(scheduler)
@@ -346,12 +348,13 @@ class CppRuntime:
         Waiting requests are built, and looked up in the prefix cache, only up to the step's
         reach: once the work of those before covers the largest budget, vLLM's walk cannot get
         further this step, and a request further back is looked up when it moves up. A burst
-        of arrivals thus costs lookups only as the queue drains, and a long queue costs a few
-        attribute reads a request past the reach: enough to know that each of them is a whole
-        prompt not yet started with no output to replay (a prefill from history 0, and still
-        one after any prefix hit), which is all the plan needs of the requests it does not
-        reach. Where one is not (a resumed or remote-KV request with computed tokens, a
-        preempted one with output) the whole walk is built.
+        of arrivals thus costs lookups only as the queue drains. Of the requests past the
+        reach the plan needs only to know that each is a whole prompt not yet started with no
+        output to replay (a prefill from history 0, and still one after any prefix hit): when
+        no request vLLM scheduled before is waiting (`compat.ScheduledBefore`) that is known
+        without reading them, else each is read (a few attribute reads). Where one is not (a
+        resumed or remote-KV request with computed tokens, a preempted one with output) the
+        whole walk is built.
 
         A prefill cap (CPP's or the operator's) can cut a long prompt's share of the step, and
         the walk then reaches further than the work counted here: `plan_step` sees that (the
@@ -360,12 +363,7 @@ class CppRuntime:
         counted at its work or at the fewest tokens a cap can leave it).
         """
         work = compat.running_work(scheduler)
-        known = self.known_prompts if compat.KnownPrompts.usable(scheduler) else None
-        if known is not None:
-            known.begin()
-        order = compat.WaitingOrder(scheduler, compat.admission_slots(scheduler), known)
-        # A request known to be a whole prompt has a known work item (compat.KnownPrompts).
-        entries = known.entries if known is not None and len(known) else None
+        order = compat.WaitingOrder(scheduler, compat.admission_slots(scheduler))
         hits = self.prefix_hits
         cap = compat.operator_prefill_cap(scheduler)
         least = self._least_share(cap)
@@ -374,11 +372,9 @@ class CppRuntime:
         work_item = compat.work_item
         append = work.append
         for req in order:
-            item = entries.get(req) if entries is not None else None
+            item = work_item(req)
             if item is None:
-                item = work_item(req)
-                if item is None:
-                    continue
+                continue
             if hits is not None:
                 item = _after_cached_prefix(hits, req, item)
             append(item)
@@ -386,7 +382,9 @@ class CppRuntime:
             capped += item[2] if item[2] < least else least
             if covered >= reach:
                 break
-        tail, whole = order.tail(known)  # the admissible requests the step cannot reach
+        if self.scheduled_before.none_waiting(scheduler):
+            return self._fresh_tail(order, work, cap, capped, least)
+        tail, whole = order.tail()  # the admissible requests the step cannot reach
         if tail and not whole:
             work += self._looked_up(tail, capped, least)
             tail = []
@@ -403,6 +401,29 @@ class CppRuntime:
 
         def whole() -> list[Candidate]:
             return head + _as_candidates(self._looked_up(tail, capped, least), cap)
+
+        return head, whole
+
+    def _fresh_tail(self, order: compat.WaitingOrder, work: list[tuple[str, int, int, bool]],
+                    cap: int, capped: int, least: int) -> tuple[list[Candidate],
+                                                            WholeWalk | None]:
+        """`_walk`'s end when every waiting request is a prompt vLLM never scheduled
+        (`compat.ScheduledBefore`): the requests past the step's reach are then all whole
+        prompts, and are read only when the plan asks for the whole walk (or for the first
+        queued prefills, below), so a long queue costs nothing a step."""
+        short = self.manager.head_prefills - sum(1 for item in work if item[3])
+        if short > 0:
+            # The plan reads the lead and, with the auto target, the first few queued prefills.
+            work += self._looked_up(order.take(short), 0, None)
+        head = _as_candidates(work, cap)
+        if not order.more():
+            return head, None
+        read: list[list[Any]] = []
+
+        def whole() -> list[Candidate]:
+            if not read:
+                read.append(order.rest())
+            return head + _as_candidates(self._looked_up(read[0], capped, least), cap)
 
         return head, whole
 
@@ -436,7 +457,7 @@ class CppRuntime:
 
     def left_waiting(self, scheduled: Collection[str], finished: Collection[str]) -> None:
         """Forget what is kept about waiting requests that vLLM scheduled or finished."""
-        self.known_prompts.forget(scheduled, finished)
+        self.scheduled_before.record(scheduled, finished)
         hits = self.prefix_hits
         if hits is not None:
             hits.drop(scheduled)
@@ -448,7 +469,7 @@ class CppRuntime:
         Returns the step's record (None for a step without requests: the guard's sign that
         there was no work to do)."""
         # First, before anything that may fail: what is kept about waiting requests must not
-        # outlive their scheduling (KnownPrompts, PrefixHits).
+        # outlive their scheduling (ScheduledBefore, PrefixHits).
         self.left_waiting(output.num_scheduled_tokens, compat.finished_request_ids(output))
         faults.hot_path("record")
         self._step += 1

@@ -26,8 +26,9 @@ Checked on every `schedule()` call:
   adaptive), nor the step more than vLLM's own token limits;
 - decodes are never starved: a running request past its prompt is scheduled at least once
   in every `in_flight + 1` consecutive steps;
-- every waiting request the plugin remembers as a whole prompt (`compat.KnownPrompts`, which
-  spares it reading a long queue every step) is one, read afresh, with the work item kept.
+- when the plugin takes every waiting request for a prompt vLLM never scheduled
+  (`compat.ScheduledBefore`, which spares it reading a long queue every step), each is a
+  whole prompt, read afresh.
 At the end every request finished with its exact token count (or was aborted), nothing is
 left in the scheduler and every KV block is back in the pool.
 """
@@ -77,16 +78,16 @@ class Tally:
     # Planned steps under an operator cap where the smaller cap was CPP's / the operator's.
     cap_ours: int = 0
     cap_operator: int = 0
-    # Remembered whole prompts checked afresh while waiting; of those, requests that had been
-    # preempted before (the case the remembering must not get wrong).
-    known_checked: int = 0
-    known_after_preemption: int = 0
+    # Steps whose waiting queue the plugin took for whole prompts without reading it, and
+    # steps whose queue held a request that is not one (preempted with output, ...).
+    fresh_verdicts: int = 0
+    unwhole_queue_steps: int = 0
 
     def add(self, other: Tally) -> None:
         for name in ("patterns", "requests", "finished", "aborted", "steps", "planned_steps",
                      "matched_steps", "preemptions", "prefix_hits", "async_patterns",
                      "kv_short_planned_steps", "async_skips", "cap_ours", "cap_operator",
-                     "known_checked", "known_after_preemption"):
+                     "fresh_verdicts", "unwhole_queue_steps"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.mismatches.update(other.mismatches)
         self.patterns_by_policy.update(other.patterns_by_policy)
@@ -109,7 +110,8 @@ class Tally:
             f"mismatched={self.mismatched_steps} [{reasons}] "
             f"planned_in_kv_short_patterns={self.kv_short_planned_steps} "
             f"preemptions={self.preemptions} prefix_hits={self.prefix_hits} "
-            f"known_prompts_checked={self.known_checked}"
+            f"fresh_queue_verdicts={self.fresh_verdicts} "
+            f"steps_with_unwhole_waiting={self.unwhole_queue_steps}"
         )
 
 
@@ -191,7 +193,6 @@ class PatternRun:
         self.aborted: set[str] = set()
         self.misses: Counter = Counter()
         self.samplers: dict[int, set[str]] = {}
-        self.preempted: set[str] = set()  # requests preempted at least once
 
     def fail(self, what: str) -> None:
         raise HarnessFailure(f"{what}\n  pattern: {self.pattern}")
@@ -212,7 +213,7 @@ class PatternRun:
             if r.num_computed_tokens == 0:
                 blocks, hit = kv.get_computed_blocks(r)[:2]
                 before_hits[r.request_id] = (hit, [b.block_id for b in blocks.blocks[0]])
-        self._check_known_prompts()
+        self._check_fresh_queue()
         self.obs.reset()
         out = sched.schedule()
         if _limits(sched) != before:
@@ -227,7 +228,6 @@ class PatternRun:
         self.tally.prefix_hits += len(hits)
         preempted = compat.preempted_request_ids(out)
         self.tally.preemptions += len(preempted)
-        self.preempted.update(preempted)
         self.tally.async_skips += sum(
             1 for rid in in_flight if rid not in actual and rid not in preempted)
         plan = self.obs.plan
@@ -239,22 +239,25 @@ class PatternRun:
             rid for rid in actual if not sched.requests[rid].is_prefill_chunk}
         return out
 
-    def _check_known_prompts(self) -> None:
+    def _check_fresh_queue(self) -> None:
+        """The plugin's "every waiting request is one vLLM never scheduled" verdict
+        (`compat.ScheduledBefore`), which lets it skip reading a long queue, against the
+        queue read afresh."""
         runtime = getattr(self.sched, "cpp", None)
         if runtime is None:
             return
-        waiting = {id(r) for r in (*self.sched.waiting, *self.sched.kv_holding_waiting)}
-        for req, item in runtime.known_prompts.entries.items():
-            if id(req) not in waiting:
-                continue  # aborted or finished: forgotten with the next step's output
-            self.tally.known_checked += 1
-            self.tally.known_after_preemption += req.request_id in self.preempted
-            if not compat.whole_prefills([req]) or req.num_stale_output_tokens:
-                self.fail(f"{req.request_id} is remembered as a whole prompt but has "
-                          f"{req.num_computed_tokens} computed, {req.num_output_tokens} output "
-                          f"and {req.num_stale_output_tokens} stale tokens")
-            if compat.work_item(req) != item:
-                self.fail(f"{req.request_id}: remembered {item}, now {compat.work_item(req)}")
+        waiting = [*self.sched.waiting, *self.sched.kv_holding_waiting]
+        whole = all(compat.whole_prefills([r]) and not r.num_stale_output_tokens
+                    for r in waiting)
+        if not whole:
+            self.tally.unwhole_queue_steps += 1
+        if runtime.scheduled_before.none_waiting(self.sched):
+            self.tally.fresh_verdicts += 1
+            if not whole:
+                self.fail("the waiting queue was taken for whole prompts but holds "
+                          + ", ".join(f"{r.request_id} ({r.num_computed_tokens} computed, "
+                                      f"{r.num_output_tokens} output)" for r in waiting
+                                      if not compat.whole_prefills([r])))
 
     def _check_limits(self, actual: dict, eligible: int) -> None:
         shape = self.shape

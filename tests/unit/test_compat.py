@@ -309,3 +309,53 @@ def test_running_work_on_older_request_shapes_and_a_replay() -> None:
     assert compat.running_work(sched) == [("o", 99, 1, False), ("p", 95, 24, True)]
     assert compat.combined_cap(0, 300) == 300 and compat.combined_cap(200, 0) == 200
     assert compat.combined_cap(500, 300) == 300 and compat.combined_cap(0, 0) == 0
+
+
+def test_scheduled_before_knows_when_no_scheduled_request_waits() -> None:
+    """Every waiting request is a prompt vLLM never scheduled exactly when the requests it
+    scheduled and has not finished are the running ones; a step begun and never recorded
+    makes every request the scheduler knows count as scheduled before."""
+    from types import SimpleNamespace
+
+    sched = SimpleNamespace(running=[], finished_req_ids=set(), connector=None,
+                            requests={"a": 1, "b": 2, "c": 3})
+    seen = compat.ScheduledBefore()
+    seen.begin(sched)
+    assert seen.none_waiting(sched)
+    seen.record({"a": 5, "b": 7}, ())
+    sched.running = ["a", "b"]
+    assert seen.none_waiting(sched)
+    sched.running = ["a"]  # b was preempted: it waits again
+    assert not seen.none_waiting(sched)
+    sched.finished_req_ids = {"b"}  # no: b finished (reported with the next step)
+    assert seen.none_waiting(sched)
+    seen.begin(sched)
+    seen.record({"a": 1}, {"b"})
+    sched.finished_req_ids = set()
+    assert seen.none_waiting(sched) and len(seen) == 1
+    # A step begun whose record never came: c may have been scheduled by it.
+    seen.begin(sched)
+    seen.begin(sched)
+    assert not seen.none_waiting(sched)
+    sched.finished_req_ids = {"b", "c"}
+    assert seen.none_waiting(sched)
+    assert not seen.none_waiting(SimpleNamespace(running=["a"], finished_req_ids={"b", "c"},
+                                                 connector=object()))
+    assert not seen.none_waiting(SimpleNamespace(running=["a"]))  # no finished_req_ids
+
+
+def test_waiting_order_peeks_takes_and_reads_the_rest_once() -> None:
+    from collections import deque
+    from types import SimpleNamespace
+
+    reqs = [SimpleNamespace(request_id=f"r{i}", num_computed_tokens=0, num_prompt_tokens=4,
+                            num_stale_output_tokens=0, drop_stale_output=False,
+                            _output_token_ids=[]) for i in range(6)]
+    sched = SimpleNamespace(waiting=deque(reqs))
+    order = compat.WaitingOrder(sched, 5)
+    assert next(order) is reqs[0]
+    assert order.more() and order.more()
+    assert order.take(2) == reqs[1:3]
+    rest, whole = order.tail()
+    assert rest == reqs[3:5] and whole  # the admission limit (5) holds
+    assert not order.more() and order.rest() == []
