@@ -619,7 +619,7 @@ def prefix_cache_lookup(scheduler: Any) -> Callable[[Any], int] | None:
     start a remote lookup or reserve a transfer when asked, so asking before schedule() is
     not free of side effects; such a request is planned at its local hit.
 
-    In the plain layout of `_plain_block_cache` (the common dense model) the answer is found
+    In the plain layout of `_plain_block_table` (the common dense model) the answer is found
     by bisection over the request's block hashes, reading the same `get_cached_block` dict:
     about log2(blocks) reads where the coordinator reads every cached block (a 512-block hit
     costs it some 400 us, and schedule() makes that walk again when it admits the request).
@@ -680,7 +680,7 @@ def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], Callable[[], bool
     the answer still holds, in at most two hash-table reads per call; None where no such
     check is known (then the earlier answer is kept until the request is scheduled).
 
-    Only for the plain layout of `_plain_block_cache` (the common dense model), where vLLM's
+    Only for the plain layout of `_plain_block_table` (the common dense model), where vLLM's
     hit is a run of whole cached blocks from the start: the answer is stale when the run's
     last block left the cache (evicted) or the block after it arrived (another request cached
     more of a shared prefix). vLLM frees a request's blocks tail first, so eviction shortens
@@ -706,15 +706,6 @@ def prefix_cache_probe(scheduler: Any) -> Callable[[Any, int], Callable[[], bool
         return still
 
     return watch
-
-
-def _plain_block_cache(scheduler: Any) -> tuple[Callable[[Any], bool], int] | None:
-    """(is a block hash cached, block size) in the layout of `_plain_block_table`."""
-    layout = _plain_block_table(scheduler)
-    if layout is None:
-        return None
-    key, present, block = layout
-    return (lambda block_hash: present(key(block_hash))), block
 
 
 def _plain_block_table(scheduler: Any) -> tuple[Callable[[Any], Any], Callable[[Any], bool],
@@ -809,10 +800,13 @@ def prefix_cache_in_step(scheduler: Any) -> Callable[[Sequence[ScheduledChunk]],
     their first (i + 1) blocks match. Blocks evicted in the same step (the pool is short and an
     earlier request's new blocks take them) are not foreseen.
     """
-    layout = _plain_block_cache(scheduler)
+    layout = _plain_block_table(scheduler)
     if layout is None:
         return None
-    cached, block = layout
+    key, present, block = layout
+
+    def cached(block_hash: Any) -> bool:
+        return present(key(block_hash))
 
     def grown(chunks: Sequence[ScheduledChunk]) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -955,8 +949,7 @@ class WaitingOrder:
 
     def tail(self) -> tuple[list[Any], bool]:
         """The requests not read yet (up to the limit), and whether each is a whole prompt
-        not yet started (`whole_prefills`). The usual queue (none stale, every one a fresh
-        prompt) is read in one pass, a few attribute reads a request."""
+        not yet started (`whole_prefills`)."""
         head = [self._peeked] if self._peeked is not None else []
         self._peeked = None
         left = self._left
@@ -965,11 +958,11 @@ class WaitingOrder:
         window = head + list(itertools.islice(self._queue, left))
         self._left = 0
         try:
-            verdict = _live_window(window)
+            stale = any(r.num_stale_output_tokens for r in window)
         except AttributeError:
-            verdict = None  # before 0.32 (no stale output) or a request without an attribute
-        if verdict is not None:
-            return window, verdict  # nothing skipped: the window is the rest
+            stale = True  # before 0.32 (no stale output) or a request without it: check each
+        if not stale:
+            return window, whole_prefills(window)  # nothing skipped: the window is the rest
         out = [r for r in window if not _stale(r)]
         for req in self._queue:
             if len(out) >= left + len(head):
@@ -1035,19 +1028,6 @@ class ScheduledBefore:
         if pending:
             n -= len(ids.intersection(pending))
         return n == len(running)
-
-
-def _live_window(window: list[Any]) -> bool | None:
-    """None when a request of the window may be stale (the caller checks each); else whether
-    all are whole prompts (`_whole_prompts`), in the same pass (see there why a loop)."""
-    whole = True
-    for r in window:
-        if r.num_stale_output_tokens:
-            return None
-        if whole and (r.num_computed_tokens or r._output_token_ids
-                      or not r.num_prompt_tokens):
-            whole = False
-    return whole
 
 
 def _stale(req: Any) -> bool:

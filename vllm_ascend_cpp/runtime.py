@@ -148,6 +148,25 @@ def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
     )
 
 
+class _ReadTail:
+    """The part of the waiting queue `CppRuntime._walk` has read, served as
+    `compat.WaitingOrder` serves the part not read yet."""
+
+    def __init__(self, requests: list[Any]) -> None:
+        self._requests = requests
+
+    def take(self, n: int) -> list[Any]:
+        taken = self._requests[:n]
+        del self._requests[:n]
+        return taken
+
+    def more(self) -> bool:
+        return bool(self._requests)
+
+    def rest(self) -> list[Any]:
+        return self._requests
+
+
 class CppRuntime:
     def __init__(self, cfg: CppConfig, facts: EngineFacts) -> None:
         self.cfg = cfg
@@ -382,48 +401,32 @@ class CppRuntime:
             capped += item[2] if item[2] < least else least
             if covered >= reach:
                 break
+        tail: compat.WaitingOrder | _ReadTail
         if self.scheduled_before.none_waiting(scheduler):
-            return self._fresh_tail(order, work, cap, capped, least)
-        tail, whole = order.tail()  # the admissible requests the step cannot reach
-        if tail and not whole:
-            work += self._looked_up(tail, capped, least)
-            tail = []
-        elif tail:
-            # The plan reads the lead (the first prefill) and, with the auto target, the
-            # first few queued prefills: those come from the tail when the head has too few.
-            short = self.manager.head_prefills - sum(1 for item in work if item[3])
-            if short > 0:
-                work += self._looked_up(tail[:short], 0, None)
-                del tail[:short]
-        head = _as_candidates(work, cap)
-        if not tail:
-            return head, None
-
-        def whole() -> list[Candidate]:
-            return head + _as_candidates(self._looked_up(tail, capped, least), cap)
-
-        return head, whole
-
-    def _fresh_tail(self, order: compat.WaitingOrder, work: list[tuple[str, int, int, bool]],
-                    cap: int, capped: int, least: int) -> tuple[list[Candidate],
-                                                            WholeWalk | None]:
-        """`_walk`'s end when every waiting request is a prompt vLLM never scheduled
-        (`compat.ScheduledBefore`): the requests past the step's reach are then all whole
-        prompts, and are read only when the plan asks for the whole walk (or for the first
-        queued prefills, below), so a long queue costs nothing a step."""
+            # Every waiting request is a prompt vLLM never scheduled (compat.ScheduledBefore):
+            # the admissible requests the step cannot reach are whole prompts, read only when
+            # the plan asks for them, so a long queue costs nothing a step.
+            tail = order
+        else:
+            read, whole = order.tail()
+            if not whole:
+                work += self._looked_up(read, capped, least)
+                return _as_candidates(work, cap), None
+            tail = _ReadTail(read)
+        # The plan reads the lead (the first prefill) and, with the auto target, the first
+        # few queued prefills: those come from the tail when the head has too few.
         short = self.manager.head_prefills - sum(1 for item in work if item[3])
         if short > 0:
-            # The plan reads the lead and, with the auto target, the first few queued prefills.
-            work += self._looked_up(order.take(short), 0, None)
+            work += self._looked_up(tail.take(short), 0, None)
         head = _as_candidates(work, cap)
-        if not order.more():
+        if not tail.more():
             return head, None
-        read: list[list[Any]] = []
+        rest: list[list[Any]] = []  # read once, whatever number of times the plan asks
 
         def whole() -> list[Candidate]:
-            if not read:
-                read.append(order.rest())
-            return head + _as_candidates(self._looked_up(read[0], capped, least), cap)
+            if not rest:
+                rest.append(tail.rest())
+            return head + _as_candidates(self._looked_up(rest[0], capped, least), cap)
 
         return head, whole
 
