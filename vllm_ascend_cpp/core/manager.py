@@ -225,8 +225,6 @@ class ProfilingChunkManager:
                                                  plan.open_end):
                 plan = self.planner.plan(rest(), max_budget=max_budget,
                                          max_requests=max_requests, target_ms=target)
-            if self.auto is not None:
-                self.auto.observe(plan.predicted_ms)
         else:
             items = simulate(candidates, max_budget, 0, max_requests)
             if rest is not None and _walked_past(items, max_budget, candidates, False):
