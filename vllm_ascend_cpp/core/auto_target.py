@@ -17,7 +17,9 @@ of the largest step ``m`` since the pipeline last drained (as an earlier version
 overstates it: that step is already part way through the stages. It also made every target
 below ``m`` look equally good, so the search picked ``m`` again; in a closed loop of clients
 the pipeline never drains and the target only climbed. In the simulator that floor made auto
-lose to ``base`` in 4 of 64 cases at concurrency 2 and 4, by up to 4.4%; without it none.
+lose to ``base`` in 51 of 384 cases at concurrency 2 and 4 (up to 8.5%), without it in 9 (up to
+2.2%); in prefill-only serving (no decodes, the queue never empty) it helped, and 3 of 24 such
+cells now lose, by up to 6.7% (``benchmarks/sim_auto_vs_base.py``, ``sim_seed_grid.py``).
 
 :class:`AutoTarget` forecasts the steps the planner would make for a queue at a candidate
 target (each step's lead chunk is the predictor's own ``next_chunk``, fold rule included; the
