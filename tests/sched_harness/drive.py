@@ -306,13 +306,21 @@ class PatternRun:
         if preempted:
             # Victims leave the step (and the waiting queue is not served); under the
             # priority policy a victim scheduled earlier gives its tokens back, which a later
-            # item may take.
+            # item may take: one the plan had, or one after them all that the plan's budget
+            # had no room for.
             rids = [rid for rid, _ in p]
             at = [rids.index(rid) if rid in planned else -1 for rid, _ in a]
+            priority = self.shape.policy == "priority"
             same = all(planned[rid][0] == h and (planned[rid][1] == n or (
-                self.shape.policy == "priority" and n > planned[rid][1]))
+                priority and n > planned[rid][1]))
                 for rid, (h, n) in a if rid in planned)
-            if -1 not in at and at == sorted(at) and same:
+            extra = at.count(-1)
+            tail_only = -1 not in at[:len(at) - extra]
+            freed = sum(planned[rid][1] for rid in preempted if rid in planned)
+            taken = sum(n - planned[rid][1] if rid in planned else n for rid, (_, n) in a)
+            known = [i for i in at if i >= 0]
+            if known == sorted(known) and same and (
+                    extra == 0 or (priority and tail_only and 0 < taken <= freed)):
                 reason = "kv_preemption"
         elif self.obs.refused and k == len(a) and k < len(p) and p[k][0] in self.obs.refused:
             reason = "kv_blocks"  # admission stopped at the request it could not place
