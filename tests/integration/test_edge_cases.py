@@ -145,7 +145,12 @@ def test_prompt_of_max_model_len_minus_one(edge_run: EngineRun) -> None:
     assert_chunks_cover(edge_run, LONGEST)
     sizes = [n for _, n in chunks_by_request(edge_run, LONGEST)["b3r0"]]
     print(f"{MAX_LEN - 1}-token prompt chunks: {sizes}")
-    assert sizes[-2] < sizes[0], "chunks did not shrink as the prefix grew"
+    if "pinned a (the attention cost) at 0" in edge_run.log:
+        # A sweep that grew less than linearly (a busy host) leaves no attention term, and the
+        # plugin says chunks will not shrink; they must still never grow with the prefix.
+        assert all(later <= first for first, later in zip(sizes, sizes[1:])), sizes
+    else:
+        assert sizes[-2] < sizes[0], "chunks did not shrink as the prefix grew"
 
 
 def test_prompts_shorter_than_the_minimum_chunk_run_whole(edge_run: EngineRun) -> None:
