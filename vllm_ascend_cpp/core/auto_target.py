@@ -136,9 +136,9 @@ class AutoTarget:
                  decodes: tuple[float, int] = (0.0, 0)) -> tuple[float, int]:
         """Mean predicted completion over the queue at ``target_ms``, and the step count.
 
-        ``decodes`` is ``(cost without
-        c, tokens)`` of the decodes that ride in every coming step: the planner gives them
-        their share of the target and of the budget first, and the prefills the rest.
+        ``decodes`` is ``(cost without c, tokens)`` of the decodes that ride in every coming
+        step: the planner gives them their share of the target and of the budget first, and
+        the prefills the rest.
         Returns ``(inf, steps)`` as soon as the mean provably reaches ``give_up_at``.
         """
         decode_ms, decode_tokens = float(decodes[0]), int(decodes[1])
