@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -131,6 +132,41 @@ def test_closed_loop_keeps_concurrency_and_remote_decode_delays_the_next_request
     # Each client waits 127 * 100 ms between its requests: the run takes at least that twice.
     assert r.makespan_ms >= 2 * 127 * 100.0
     assert r.throughput_tok_s == pytest.approx(6 * (10_000 + 128) / (r.makespan_ms / 1000))
+
+
+@pytest.mark.parametrize("kind", ["fixed", "cpp-base", "cpp-auto"])
+def test_replaying_a_closed_loops_arrivals_reproduces_it(kind):
+    # The replay pushes every arrival up front instead of on each completion: the same
+    # submission times must give the same run, step for step.
+    wl = Workload(prompt_len=6000, concurrency=2, num_requests=6, variable=True, seed=1,
+                  output_len=16)
+    closed = simulate_policy(engine(2), Policy(kind, 2048), wl)
+    assert closed.arrival_ms[:2] == [0.0, 0.0] and closed.arrival_ms[2] > 0
+    again = simulate_policy(engine(2), Policy(kind, 2048),
+                            replace(wl, arrivals_ms=tuple(closed.arrival_ms)))
+    assert again.arrival_ms == closed.arrival_ms
+    assert again.ttft_ms == closed.ttft_ms and again.steps == closed.steps
+
+
+def test_replayed_arrivals_do_not_wait_for_completions():
+    # One client, two prompts: closed loop, the second waits for the first; replayed at t=0,
+    # both are queued at once and the second's TTFT includes the first's prefill.
+    wl = Workload(prompts=(4000, 4000), concurrency=1, output_len=4)
+    closed = simulate_policy(engine(2), Policy("fixed", 1024), wl)
+    both = simulate_policy(engine(2), Policy("fixed", 1024), replace(wl, arrivals_ms=(0.0, 0.0)))
+    assert closed.arrival_ms[1] > 0 and both.arrival_ms == [0.0, 0.0]
+    assert both.ttft_ms[1] > closed.ttft_ms[1]
+    assert both.makespan_ms < closed.makespan_ms
+    late = simulate_policy(engine(2), Policy("fixed", 1024),
+                           replace(wl, arrivals_ms=(0.0, 1e6)))
+    # Arriving to an idle engine, the second prompt is served as the first was.
+    assert late.ttft_ms[1] == pytest.approx(late.ttft_ms[0])
+
+
+@pytest.mark.parametrize("times", [(0.0,), (5.0, 1.0), (0.0, -1.0), (0.0, math.inf)])
+def test_bad_arrival_times_raise(times):
+    with pytest.raises(ValueError, match="arrivals_ms"):
+        Workload(prompts=(10, 10), arrivals_ms=times)
 
 
 def test_variable_prompts_are_seeded_and_in_range():

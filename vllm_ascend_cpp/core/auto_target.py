@@ -17,9 +17,21 @@ of the largest step ``m`` since the pipeline last drained (as an earlier version
 overstates it: that step is already part way through the stages. It also made every target
 below ``m`` look equally good, so the search picked ``m`` again; in a closed loop of clients
 the pipeline never drains and the target only climbed. In the simulator that floor made auto
-lose to ``base`` in 51 of 384 cases at concurrency 2 and 4 (up to 8.5%), without it in 9 (up to
+lose to ``base`` in 51 of 384 cases at concurrency 2 and 4 (up to 8.5%), without it in 8 (up to
 2.2%); in prefill-only serving (no decodes, the queue never empty) it helped, and 3 of 24 such
 cells now lose, by up to 6.7% (``benchmarks/sim_auto_vs_base.py``, ``sim_seed_grid.py``).
+
+Decodes ride in the coming steps in phases. Under pipeline parallelism a decode's next token
+can be scheduled only once its last one is back, ``S`` steps later, and vLLM's walk skips it
+in between, so each step carries the decodes of its phase only: with ``S = 2`` and three
+decodes in one phase, every other step is heavy and the planner gives the lead prefill what
+those decodes leave of the target (its smallest chunk when they take it all). The forecast
+runs that cycle step by step. An earlier version spread the decodes of one step's candidates
+evenly over every step; those hold only that step's phase, and none at all on a step between,
+so a choice made there saw no decodes, picked a small target, and the heavy steps then gave the
+prompt its smallest chunk (in the simulator one such prompt's TTFT doubled against ``base``).
+Even when they are all seen, the even spread misses the planner's steps by 10-21% where the
+decodes take most of the target (``tests/unit/test_auto_target.py``; the cycle is within 1%).
 
 :class:`AutoTarget` forecasts the steps the planner would make for a queue at a candidate
 target (each step's lead chunk is the predictor's own ``next_chunk``, fold rule included; the
@@ -33,13 +45,14 @@ coarse buckets.
 the head of the prefill queue changes or more prefill work arrives, and keeps the target from
 falling while the same head is being prefilled (its first choice saw its whole prompt; letting
 the target fall as the rest shrinks cost up to 5.6% against ``base`` in the simulator), so a
-step costs a dictionary lookup or less.
+step costs a dictionary lookup or less. It keeps the decodes of the last ``S-1`` steps, which
+with this step's make the cycle the forecast runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +60,8 @@ from .latency_model import pipeline_ttft_ms
 from .predictor import ChunkSizePredictor
 from .step_planner import Candidate
 
-__all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "MAX_QUEUE"]
+__all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "DecodeLoad", "MAX_QUEUE",
+           "decode_phases"]
 
 # Requests beyond this far down the queue do not change the choice: by then the target is at
 # the budget's cap anyway.
@@ -94,6 +108,22 @@ def _bucket(v: int) -> int:
     return (v >> shift) << shift
 
 
+# Decodes riding in the coming steps: one ``(cost without c, tokens)`` pair, or one per step
+# of a repeating cycle.
+DecodeLoad = tuple[float, int] | Sequence[tuple[float, int]]
+
+
+def decode_phases(decodes: DecodeLoad) -> tuple[tuple[float, int], ...]:
+    """``decodes`` as a non-empty cycle of clean ``(cost ms >= 0, tokens >= 0)`` pairs."""
+    pairs = [decodes] if len(decodes) == 2 and not isinstance(decodes[0], Sequence) \
+        else list(decodes)
+    out = []
+    for ms, tokens in pairs:
+        ms = float(ms)
+        out.append((ms if math.isfinite(ms) and ms > 0 else 0.0, max(0, int(tokens))))
+    return tuple(out) or ((0.0, 0),)
+
+
 class AutoTarget:
     """Chooses a step target for a prefill queue from the predictor's model; see module doc."""
 
@@ -133,25 +163,29 @@ class AutoTarget:
 
     def forecast(self, prefills: Sequence[tuple[int, int]], budget: int, target_ms: float,
                  give_up_at: float = math.inf,
-                 decodes: tuple[float, int] = (0.0, 0)) -> tuple[float, int]:
+                 decodes: DecodeLoad = ((0.0, 0),)) -> tuple[float, int]:
         """Mean predicted completion over the queue at ``target_ms``, and the step count.
 
-        ``decodes`` is ``(cost without c, tokens)`` of the decodes that ride in every coming
-        step: the planner gives them their share of the target and of the budget first, and
-        the prefills the rest.
+        ``decodes`` is ``(cost without c, tokens)`` of the decodes riding in each coming
+        step, one pair per step of a repeating cycle (see :class:`AutoTargetTracker`; a single
+        pair means the same in every step). The planner gives them their share of the target
+        and of the budget first and the lead prefill what is left, at least its smallest chunk
+        when they take it all; the rest of the step is filled with the prefills behind it.
         Returns ``(inf, steps)`` as soon as the mean provably reaches ``give_up_at``.
         """
-        decode_ms, decode_tokens = float(decodes[0]), int(decodes[1])
-        t = float(target_ms) - decode_ms
-        budget = max(1, int(budget) - decode_tokens)
         p = self.predictor
         align = p.alignment
+        smallest = max(p.min_chunk - p.min_chunk % align, align)
+        target = float(target_ms)
+        # Per phase of the cycle: (time left for prefills, tokens left, per-step constant).
+        cycle = [(target - ms, max(1, int(budget) - tokens), self._c + ms)
+                 for ms, tokens in decode_phases(decodes)]
+        period = len(cycle)
         # The predictor's own sizing rule (fold rule included) and root, bound once: this
         # loop runs a few thousand times per search.
         size = p.size
         root = p.root
         cost_of = p.model.sums_cost_ms
-        c = self._c + decode_ms
         drain = self.stages - 1
         n = len(prefills)
         done_sum = 0.0
@@ -162,7 +196,12 @@ class AutoTarget:
         j = 0
         L, R = prefills[0]
         while j < n:
-            x = size(L, R, budget, t)[0]
+            t, room, c = cycle[steps % period]
+            if t > 0:
+                x = size(L, R, room, t)[0]
+            else:
+                # The decodes fill the target: the lead still gets its smallest chunk.
+                x = min(smallest, R, room)
             cost = cost_of(L, x, L * x, x * x)
             used = x
             L += x
@@ -175,12 +214,12 @@ class AutoTarget:
                     break
                 L, R = prefills[j]
                 # The planner fills what is left of the step with the next prefill.
-                if cost >= t or used >= budget:
+                if cost >= t or used >= room:
                     break
                 part = root(L, t - cost)
                 if part <= 0:
                     break
-                part = int(min(part, R, budget - used))
+                part = int(min(part, R, room - used))
                 if part < R:
                     part -= part % align
                 if part <= 0:
@@ -210,20 +249,19 @@ class AutoTarget:
     # -- the choice -----------------------------------------------------------------------
 
     def choose(self, prefills: Sequence[tuple[int, int]], budget: int,
-               decodes: tuple[float, int] = (0.0, 0)) -> AutoChoice | None:
+               decodes: DecodeLoad = ((0.0, 0),)) -> AutoChoice | None:
         """The best target for this queue (walk order), or None when there is nothing to do.
 
-        ``decodes`` is ``(cost without c, tokens)`` of the decodes riding in each step."""
+        ``decodes`` is the decodes riding in the coming steps, as :meth:`forecast` takes it."""
         if not self.ready:
             return None
         queue = [(max(0, int(L)), int(R)) for L, R in list(prefills)[:MAX_QUEUE] if int(R) > 0]
         budget = int(budget)
         if not queue or budget < 1:
             return None
-        dec_ms = float(decodes[0]) if math.isfinite(decodes[0]) and decodes[0] > 0 else 0.0
-        dec = (dec_ms, max(0, int(decodes[1])))
+        dec = decode_phases(decodes)
         key = (tuple((_bucket(L), _bucket(R)) for L, R in queue), budget,
-               _bucket(int(dec_ms * 1000)), _bucket(dec[1]))
+               tuple((_bucket(int(ms * 1000)), _bucket(tokens)) for ms, tokens in dec))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -253,11 +291,12 @@ class AutoTarget:
         return low, high, guess, work
 
     def _search(self, queue: list[tuple[int, int]], budget: int,
-                dec: tuple[float, int] = (0.0, 0)) -> AutoChoice:
+                dec: tuple[tuple[float, int], ...] = ((0.0, 0),)) -> AutoChoice:
         base_t = self.base_target_ms
         low, high, guess, work = self._bounds(queue, budget)
         # The grid is in prefill cost; the target also pays for the decodes riding along.
-        shift = dec[0]
+        shift = sum(ms for ms, _ in dec) / len(dec)
+        decode_tokens = max(tokens for _, tokens in dec)
         candidates: list[float] = []
         if math.isfinite(high) and high > 0:
             # Far below the closed-form guess only more steps are bought; cut the grid there
@@ -279,7 +318,7 @@ class AutoTarget:
             if alone is not None and math.isfinite(alone.target_ms) and alone.target_ms > 0:
                 least = alone.target_ms
                 L, R = queue[0]
-                if R <= budget - dec[1]:
+                if R <= budget - decode_tokens:
                     # A head that fits in one step is as well off at its own cost as at any
                     # larger target (the lone choice breaks that tie upwards): only the
                     # queue behind it may argue for more.
@@ -311,7 +350,7 @@ class AutoTarget:
         base_value = math.nan
         if usable_base:
             base_value = next((v for v, _, t in scored if t == base_t), math.nan)
-        if len(queue) == 1 and dec[1] == 0 and usable_base:
+        if len(queue) == 1 and decode_tokens == 0 and usable_base:
             # The lean forecast skips a few of the predictor's tail rules; for a lone prompt
             # the real plan decides, so auto can never predict worse than base.
             L, R = queue[0]
@@ -336,7 +375,12 @@ class AutoTargetTracker:
         self.choice: AutoChoice | None = None
         self._n_prefills = 0
         self._queued_tokens = 0
-        self._decodes: tuple[float, int] = (0.0, 0)
+        # The decodes of the last S-1 steps, oldest first. Under pipeline parallelism a
+        # decode's next token can be scheduled only when its last one is back, S steps later,
+        # and vLLM's walk skips it in between: a step's candidates hold only the decodes of
+        # its phase, and the next S-1 steps carry those of the steps before, in turn.
+        self._recent: deque[tuple[float, int]] = deque(maxlen=max(0, auto.stages - 1))
+        self._decodes: tuple[tuple[float, int], ...] = ((0.0, 0),)
         self.choices_made = 0
 
     def target_for(self, candidates: Sequence[Candidate], max_budget: int,
@@ -352,11 +396,7 @@ class AutoTargetTracker:
         for i in range(limit):
             cand = candidates[i]
             if not cand.is_prefill:
-                # Every running decode rides in the coming steps, including one whose token is
-                # still in the pipeline (it needs 0 tokens now, one a step later): with S
-                # stages each is in about one step of S.
-                share = 1.0 / self.auto.stages
-                decode_ms += share * self.auto.decode_cost(cand.history, max(1, cand.remaining))
+                decode_ms += self.auto.decode_cost(cand.history, max(1, cand.remaining))
                 decode_tokens += max(1, cand.remaining)
             if cand.remaining <= 0:
                 walking = False  # the walk ends here (see step_planner.simulate)
@@ -364,7 +404,10 @@ class AutoTargetTracker:
                 if head is None:
                     head = cand.req_id
                 prefills.append((cand.history, cand.remaining))
-        self._decodes = (decode_ms, decode_tokens)
+        now = (decode_ms, decode_tokens)
+        # This step, then the decodes that rode S-1 steps ago, ..., then last step's.
+        self._decodes = (now, *self._recent)
+        self._recent.append(now)
         if not prefills:
             return self.target_ms
         queued = sum(r for _, r in prefills[1:])

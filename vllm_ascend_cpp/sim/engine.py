@@ -108,6 +108,10 @@ class Workload:
     seed: int = 0
     # An exact prompt list to replay (overrides prompt_len, num_requests and variable).
     prompts: tuple[int, ...] | None = None
+    # Fixed submission times (ms), one per prompt in order: the clients no longer wait for
+    # their last request, so every policy sees the same arrivals. A closed loop lets a faster
+    # policy submit earlier into a busier queue, which mean TTFT alone counts against it.
+    arrivals_ms: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -116,6 +120,13 @@ class Workload:
             raise ValueError("prompt_len and output_len must be >= 1")
         if self.decode not in ("engine", "remote"):
             raise ValueError(f"decode must be 'engine' or 'remote', got {self.decode!r}")
+        if self.arrivals_ms is not None:
+            times = [float(t) for t in self.arrivals_ms]
+            if len(times) != self.total_requests:
+                raise ValueError(f"arrivals_ms has {len(times)} times for "
+                                 f"{self.total_requests} prompts")
+            if any(not math.isfinite(t) or t < 0 for t in times) or times != sorted(times):
+                raise ValueError("arrivals_ms must be finite, non-negative and ascending")
 
     @property
     def total_requests(self) -> int:
@@ -278,6 +289,8 @@ class SimResult:
     plan_mismatches: int
     targets_ms: list[float] = field(default_factory=list)
     timeline: Timeline | None = None
+    # Submission time of each request (ms), in prompt order: Workload.arrivals_ms replays them.
+    arrival_ms: list[float] = field(default_factory=list)
 
     @property
     def mean_ttft_ms(self) -> float:
@@ -369,8 +382,13 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
     all_reqs: list[SimRequest] = []
     next_prompt = 0
     arrivals: list[tuple[float, int]] = []  # (time, sequence) of client submissions
-    for _ in range(min(workload.concurrency, len(lengths))):
-        heapq.heappush(arrivals, (0.0, len(arrivals)))
+    replay = workload.arrivals_ms is not None
+    if replay:
+        for t in workload.arrivals_ms:
+            heapq.heappush(arrivals, (float(t), len(arrivals)))
+    else:
+        for _ in range(min(workload.concurrency, len(lengths))):
+            heapq.heappush(arrivals, (0.0, len(arrivals)))
     stage_free = [0.0] * S
     batch_queue: deque[_Batch] = deque()
     timeline = Timeline(S) if record_timeline else None
@@ -454,8 +472,9 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
                 sched.running.remove(req)
                 req.client_done_ms = now + workload.remote_decode_ms(req.num_prompt_tokens)
                 done += 1
-                heapq.heappush(arrivals, (req.client_done_ms, seq))
-                seq += 1
+                if not replay:
+                    heapq.heappush(arrivals, (req.client_done_ms, seq))
+                    seq += 1
 
     ttft = [r.first_token_ms - r.arrival_ms for r in all_reqs]
     start = min((r.arrival_ms for r in all_reqs), default=0.0)
@@ -473,7 +492,7 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
         prefill_step_cv=cv([s.stage_ms for s in spans if s.has_prefill]),
         bubble_fraction=tl.bubble_fraction(), steps=steps, prefill_steps=prefill_steps,
         plan_mismatches=runtime.plan_mismatches if runtime is not None else 0,
-        targets_ms=targets)
+        targets_ms=targets, arrival_ms=[r.arrival_ms for r in all_reqs])
     if timeline is not None:
         result.timeline = tl
     return result
