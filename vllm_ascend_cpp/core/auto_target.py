@@ -175,7 +175,7 @@ class AutoTarget:
         """
         p = self.predictor
         align = p.alignment
-        smallest = max(p.min_chunk - p.min_chunk % align, align)
+        smallest = p.starved_chunk
         target = float(target_ms)
         # Per phase of the cycle: (time left for prefills, tokens left, per-step constant).
         cycle = [(target - ms, max(1, int(budget) - tokens), self._c + ms)

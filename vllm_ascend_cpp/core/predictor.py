@@ -103,6 +103,9 @@ class ChunkSizePredictor:
         self.block_size = _check_int("block_size", block_size, 1)
         # KV blocks fill whole and kernels prefer multiples of 64 tokens.
         self.alignment = max(self.block_size, 64)
+        # The chunk a lead prefill still gets when decodes already fill the step's target:
+        # min_chunk aligned down, at least one alignment unit.
+        self.starved_chunk = max(self.min_chunk - self.min_chunk % self.alignment, self.alignment)
         self.model = model
         # Plain floats for :meth:`root` and :meth:`size`, which run in the hot loops.
         self._base = float(self.base_chunk)

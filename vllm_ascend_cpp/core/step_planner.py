@@ -156,9 +156,7 @@ class StepPlanner:
         return StepPlan(max_budget, 0, items, ms, fallback=True, reason=reason)
 
     def _smallest_chunk(self, remaining: int, budget: int) -> ChunkDecision:
-        p = self.predictor
-        floor = max(p.min_chunk - p.min_chunk % p.alignment, p.alignment)
-        return ChunkDecision(min(floor, remaining, budget), fallback=False,
+        return ChunkDecision(min(self.predictor.starved_chunk, remaining, budget), fallback=False,
                              clamp="decodes_fill_target")
 
     def plan(self, candidates: Sequence[Candidate], *, max_budget: int,
