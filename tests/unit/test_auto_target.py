@@ -306,3 +306,29 @@ def test_tracker_counts_the_decodes_vllm_skips_while_their_token_is_in_flight():
     seeing = AutoTarget(p, 2).choose([(0, 12_000)], 2048, ((0.0, 0), load))
     assert got == pytest.approx(seeing.target_ms)
     assert seeing.target_ms != pytest.approx(blind.target_ms)
+
+
+def test_tracker_rechooses_when_decodes_join_or_leave_under_the_same_head():
+    # The decodes riding along change every coming step's load, so a choice made without
+    # them is stale even though the head and the queue are the same.
+    model = LatencyModel(a=2.65e-6, b=0.021, c=0.65, gamma=3.6e-4, d=2.5e-6)
+    p = ChunkSizePredictor(model, base_chunk=2048, min_chunk=256)
+    auto = AutoTarget(p, 2)
+    tracker = AutoTargetTracker(auto)
+    first = tracker.target_for([Candidate("a", 0, 12_000, True)], 2048)
+    assert tracker.target_for([Candidate("a", 1024, 10_976, True)], 2048) == first
+    assert tracker.choices_made == 1
+    decodes = [Candidate(f"d{i}", 20_000, 1, False) for i in range(4)]
+    joined = tracker.target_for(decodes + [Candidate("a", 2048, 9952, True)], 2048)
+    assert tracker.choices_made == 2
+    load = (sum(auto.decode_cost(d.history, 1) for d in decodes), 4)
+    fresh = AutoTarget(p, 2).choose([(2048, 9952)], 2048, (load, (0.0, 0)))
+    assert joined == pytest.approx(max(first, fresh.target_ms))
+    assert joined > first
+    # The same decodes one step later (in flight, so not candidates): nothing changed.
+    assert tracker.target_for([Candidate("a", 3072, 8880, True)], 2048) == joined
+    assert tracker.choices_made == 2
+    # Two of them finish: a new choice, but the target does not fall for the same head.
+    tracker.target_for(decodes[:2] + [Candidate("a", 4096, 7856, True)], 2048)
+    assert tracker.choices_made == 3
+    assert tracker.target_ms >= joined
