@@ -384,8 +384,9 @@ def main() -> int:
               "the rest. With the prompt's new heads falling into the same cache buckets, "
               "'new head' steps hit the auto target's cache here."]
     L += ["", "The auto target's search itself, on a cache miss (it runs when the head of the "
-          "prefill queue changes or more prefill work arrives, and its result is cached by "
-          "the queue's shape; the tracker reuses the target on every other step):", "",
+          "prefill queue changes, more prefill work arrives or decodes join or leave, and its "
+          "result is cached by the queue's shape; the tracker reuses the target on every other "
+          "step):", "",
           "| queued 128K prefills | best (us) | median (us) |", "|---|---|---|"]
     L += [f"| {r['queue']} | {r['best_us']:.0f} | {r['median_us']:.0f} |" for r in searches]
     if lookups:

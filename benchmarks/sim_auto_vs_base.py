@@ -18,9 +18,12 @@ judged on the same traffic. Both policies then replay one list of submission tim
 (`Workload.arrivals_ms`): base's closed-loop times, each after the first wave delayed by a
 seeded uniform draw in [0, 50) ms. The delay matters: replaying base's own times unchanged
 favours base, whose clients submit exactly as one of its steps ends (base against itself with
-every later arrival 2 ms late: 2% worse on average, up to 12%).
+every later arrival 2 ms late: 2% worse on average, up to 12%). One draw of that delay moves
+base against itself by a few percent, so each case replays four draws; the pooled ratio (auto's
+mean TTFT averaged over the draws over base's) is what separates the policies from that noise,
+and base's spread across the draws is shown beside it.
 
-    python benchmarks/sim_auto_vs_base.py [--seeds 0 1 2] [--requests short 64]
+    python benchmarks/sim_auto_vs_base.py [--seeds 0 1 2] [--requests short 64] [--draws 4]
 Writes benchmarks/results/sim_auto_vs_base.json and .md.
 """
 

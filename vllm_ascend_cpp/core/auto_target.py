@@ -48,9 +48,10 @@ whole prompt; letting the target fall as the rest shrinks cost up to 5.6% agains
 the simulator), so a step costs a dictionary lookup or less. It keeps the decodes of the last
 ``S-1`` steps, which with this step's make the cycle the forecast runs. A choice kept while
 decodes joined (a prompt finished its prefill) or left planned the rest of the head around a
-load that was gone: with both policies serving the same arrivals, re-choosing then took the
-cases where auto's mean TTFT, averaged over four arrival draws, was above ``base``'s from 8 to
-3 of 192 in the simulator.
+load that was gone: with both policies serving the same arrivals (4c+4 requests, three prompt
+draws, four arrival draws each), re-choosing then took the cases where auto's mean TTFT over
+the arrival draws was above ``base``'s from 8 to 3 of 192, the worst from 2.0% to 1.0% above
+(``benchmarks/results/sim_auto_vs_base_phases_pooled.md`` against ``sim_auto_vs_base.md``).
 """
 
 from __future__ import annotations
