@@ -332,3 +332,30 @@ def test_tracker_rechooses_when_decodes_join_or_leave_under_the_same_head():
     tracker.target_for(decodes[:2] + [Candidate("a", 4096, 7856, True)], 2048)
     assert tracker.choices_made == 3
     assert tracker.target_ms >= joined
+
+
+def test_new_costs_keep_the_head_and_its_target():
+    # A refit or a new host time gives the auto target new costs, but the head being
+    # prefilled is the same: starting afresh would choose for its rest only, and the target
+    # would fall mid-prompt (on a serving engine accepted refits come every ~100 steps).
+    model = LatencyModel(a=2.7e-6, b=0.022, c=1.0, d=2.7e-6)
+    m = ProfilingChunkManager(CoreSettings(base_chunk=8 * K, min_chunk=256, pp_size=2,
+                                           online_calibration=False, target_mode="auto"))
+    m.load_profile({"model": model.to_dict()})
+    m.plan_step([Candidate("p0", 0, 24 * K, True)], max_budget=8 * K)
+    first = m.auto.target_ms
+    later = [Candidate("p0", 20 * K, 4 * K, True)]
+    fresh = AutoTargetTracker(AutoTarget(m.predictor, 2)).target_for(later, 8 * K)
+    assert fresh < first  # what a fresh tracker would pick for the rest alone
+    old = m.auto
+    m.use_host_ms(2.0)
+    assert m.auto is not old and m.auto.auto.host_ms == 2.0
+    m.plan_step(later, max_budget=8 * K)
+    assert m.auto.head == "p0" and m.auto.target_ms >= first
+    # An accepted refit (same coefficients here, so only the rebuild is tested).
+    m._use_model(model)
+    m.plan_step([Candidate("p0", 21 * K, 3 * K, True)], max_budget=8 * K)
+    assert m.auto.target_ms >= first
+    # A new head is chosen for on its own.
+    m.plan_step([Candidate("p1", 0, 2 * K, True)], max_budget=8 * K)
+    assert m.auto.head == "p1"

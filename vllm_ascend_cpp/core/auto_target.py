@@ -382,6 +382,8 @@ class AutoTargetTracker:
         self._queued_tokens = 0
         # The decodes running (over the whole cycle) when the target was last chosen.
         self._decodes_seen = 0
+        # Set when the costs changed under a kept head: choose again, still never lower.
+        self._costs_changed = False
         # The decodes of the last S-1 steps, oldest first. Under pipeline parallelism a
         # decode's next token can be scheduled only when its last one is back, S steps later,
         # and vLLM's walk skips it in between: a step's candidates hold only the decodes of
@@ -422,10 +424,12 @@ class AutoTargetTracker:
         # Decodes joining or leaving change every coming step's load: the choice is stale.
         running = _bucket(sum(tokens for _, tokens in self._decodes))
         if same_head and self.target_ms is not None and len(prefills) <= self._n_prefills \
-                and queued <= self._queued_tokens and running == self._decodes_seen:
+                and queued <= self._queued_tokens and running == self._decodes_seen \
+                and not self._costs_changed:
             self._remember(len(prefills), queued)
             return self.target_ms
         self._decodes_seen = running
+        self._costs_changed = False
         choice = self.auto.choose(prefills, max_budget, self._decodes)
         self._remember(len(prefills), queued)
         if choice is None or not math.isfinite(choice.target_ms) or choice.target_ms <= 0:
@@ -438,6 +442,26 @@ class AutoTargetTracker:
         self.choice = choice
         self.choices_made += 1
         return target
+
+    def rebound(self, auto: AutoTarget) -> AutoTargetTracker:
+        """A tracker for ``auto`` (a refitted model, a new host time) that keeps this one's
+        head, target and recent decodes, and chooses again on its next step under the new
+        costs without going below the kept target. Starting afresh instead forgets that the
+        head's first choice saw its whole prompt: the next choice sees only the rest, and the
+        target falls mid-prompt, which the same-head rule exists to prevent. On a serving
+        engine accepted refits come every hundred steps or so, most of them small."""
+        new = AutoTargetTracker(auto)
+        new.head = self.head
+        new.target_ms = self.target_ms
+        new.choice = self.choice
+        new._n_prefills = self._n_prefills
+        new._queued_tokens = self._queued_tokens
+        new._decodes_seen = self._decodes_seen
+        new._recent.extend(self._recent)
+        new._decodes = self._decodes
+        new.choices_made = self.choices_made
+        new._costs_changed = self.target_ms is not None
+        return new
 
     def _remember(self, n: int, queued: int) -> None:
         self._n_prefills = n

@@ -368,8 +368,7 @@ class ProfilingChunkManager:
         host = float(host_ms)
         self._host_ms_in_use = host if math.isfinite(host) and host > 0 else 0.0
         if self.auto is not None:
-            self.auto = AutoTargetTracker(AutoTarget(self.predictor, self.settings.pp_size,
-                                                     host_ms=self._host_ms_in_use))
+            self.auto = self._carried_auto()
 
     def reconfigure(self, settings: CoreSettings) -> None:
         """Swap the chunk settings and target mode, keeping the fitted model, the calibration
@@ -424,11 +423,14 @@ class ProfilingChunkManager:
         self.planner = StepPlanner(self.predictor)
         if not self.predictor.ready:
             return False
-        # New costs change every forecast: start the auto target afresh.
-        self.auto = (AutoTargetTracker(AutoTarget(self.predictor, self.settings.pp_size,
-                                                  host_ms=self._host_ms_in_use))
-                     if self.settings.target_mode == "auto" else None)
+        self.auto = self._carried_auto() if self.settings.target_mode == "auto" else None
         return True
+
+    def _carried_auto(self) -> AutoTargetTracker:
+        """An auto target on the current costs and host time. New costs change every forecast
+        (its cache goes), but the tracker keeps the head it is on and that head's target."""
+        auto = AutoTarget(self.predictor, self.settings.pp_size, host_ms=self._host_ms_in_use)
+        return self.auto.rebound(auto) if self.auto is not None else AutoTargetTracker(auto)
 
     def _recent_ratios(self, model: LatencyModel) -> list[float]:
         """``measured / predicted`` of ``model`` on the latest online rows, oldest first: a new
