@@ -169,6 +169,13 @@ def _case_name(w: dict) -> str:
             f"host {w['host_ms']:g} ms, S={w['stages']}")
 
 
+def _row_start(run: dict, summary: dict) -> str:
+    """A table row's first columns: the run, and the summary's mean and worst case."""
+    w = summary["worst"]
+    return (f"| {run['requests']} | {run['seed']} | {summary['mean']:.3f} | {w['ratio']:.3f} "
+            f"({_case_name(w)}) |")
+
+
 def markdown(res: dict, command: str) -> str:
     L = ["# `target: auto` against `target: base`, concurrency 2 and 4 (SIMULATED)", "",
          f"Command: `{command}`", "",
@@ -181,9 +188,7 @@ def markdown(res: dict, command: str) -> str:
          "| requests | seed | mean ratio | worst ratio (case) | cases above base | "
          "above by > 0.5% |", "|---|---|---|---|---|---|"]
     for r in res["runs"]:
-        w = r["worst"]
-        L.append(f"| {r['requests']} | {r['seed']} | {r['mean']:.3f} | {w['ratio']:.3f} "
-                 f"({_case_name(w)}) | {r['above_1']} | {r['above_1_005']} |")
+        L.append(f"{_row_start(r, r)} {r['above_1']} | {r['above_1_005']} |")
     L += ["", "**Same arrivals** (both replay base's closed-loop submission times, each after "
           f"the first wave delayed by a uniform draw in [0, {JITTER_MS:g}) ms, so both serve "
           "the same traffic and only the choices differ):", "",
@@ -191,9 +196,7 @@ def markdown(res: dict, command: str) -> str:
           "above by > 0.5% |", "|---|---|---|---|---|---|"]
     for r in res["runs"]:
         f = r["same_arrivals"]
-        w = f["worst"]
-        L.append(f"| {r['requests']} | {r['seed']} | {f['mean']:.3f} | {w['ratio']:.3f} "
-                 f"({_case_name(w)}) | {f['above_1']} | {f['above_1_005']} |")
+        L.append(f"{_row_start(r, f)} {f['above_1']} | {f['above_1_005']} |")
     draws = res.get("draws", 1)
     L += ["", f"**Same arrivals, {draws} draws per case** (the jitter drawn {draws} times; "
           "pooled ratio = auto's mean TTFT averaged over the draws / base's. Base spread = "
@@ -203,9 +206,7 @@ def markdown(res: dict, command: str) -> str:
           "| draws above base | base spread median / max |", "|---|---|---|---|---|---|---|"]
     for r in res["runs"]:
         f = r["pooled"]
-        w = f["worst"]
-        L.append(f"| {r['requests']} | {r['seed']} | {f['mean']:.3f} | {w['ratio']:.3f} "
-                 f"({_case_name(w)}) | {f['above_1']} | {r['draws_above_1']} of "
+        L.append(f"{_row_start(r, f)} {f['above_1']} | {r['draws_above_1']} of "
                  f"{r['draws_run']} | {r['base_spread_median']:.3f} / "
                  f"{r['base_spread_max']:.3f} |")
     pooled = sum(r["pooled"]["above_1"] for r in res["runs"])
