@@ -1,16 +1,18 @@
 """`trace_file`: one JSON line per scheduled step, for tests, benchmarks and plots.
 
 Each line: step number, wall time, CPP state, the scheduled requests with `history` and
-`chunk`, the decode count, the step cost the plan aimed at (`target_ms`, the per-step
-constant included; null without a plan), the planned budget and prefill cap, the predicted
-step time, when the step was timed, `measured_ms` (the slowest stage's forward, the planning
-basis) and `stage_ms` (every pipeline stage's forward, stage 0 first; null where only the last
-stage's time is known), and (with online calibration) the refit attempts and consecutive failed
-fits so far; `event` (with `state_after`) on the step whose timing triggered a refit;
-`preempted` lists the requests vLLM preempted for the step, when there were any. `plan_matched`
-says whether vLLM scheduled exactly the planned requests and tokens (null on steps CPP did not
-plan); on a mismatch `mismatch` gives the reason as far as the step shows it, `predicted_ms` is
-the model's prediction for what actually ran, and `plan_predicted_ms` the plan's own. Lines are
+`chunk`, the decode count with the decodes' summed cached tokens (`decode_history`) and new
+tokens (`decode_tokens`; the count, unless a decode runs speculative tokens), the step cost
+the plan aimed at (`target_ms`, the per-step constant included; null without a plan), the
+planned budget and prefill cap, the predicted step time, when the step was timed,
+`measured_ms` (the slowest stage's forward, the planning basis) and `stage_ms` (every
+pipeline stage's forward, stage 0 first; null where only the last stage's time is known),
+and (with online calibration) the refit attempts and consecutive failed fits so far; `event`
+(with `state_after`) on the step whose timing triggered a refit; `preempted` lists the
+requests vLLM preempted for the step, when there were any. `plan_matched` says whether vLLM
+scheduled exactly the planned requests and tokens (null on steps CPP did not plan); on a
+mismatch `mismatch` gives the reason as far as the step shows it, `predicted_ms` is the
+model's prediction for what actually ran, and `plan_predicted_ms` the plan's own. Lines are
 written in step order; a timed step's line waits until its stage times are in (a few steps).
 """
 
@@ -50,6 +52,11 @@ class TraceWriter:
             "state": rec.state,
             "requests": prefills,
             "decodes": sum(1 for *_, pre in rec.items if not pre),
+            # The decodes' cached tokens and new tokens, summed: with them a timed step is a
+            # whole regression row (a decode is the x = 1 case of the latency model), so a
+            # trace can be refitted from every timed step as the engine's own fit is.
+            "decode_history": sum(h for _, h, _, pre in rec.items if not pre),
+            "decode_tokens": sum(n for _, _, n, pre in rec.items if not pre),
             "num_tokens": sum(n for _, _, n, _ in rec.items),
             # The step cost the plan aimed at (c included), for measured/target comparisons.
             "target_ms": _finite(plan.target_ms) if plan is not None else None,

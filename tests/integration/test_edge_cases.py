@@ -210,3 +210,9 @@ def test_decode_heavy_steps_never_starve_decodes(edge_run: EngineRun) -> None:
         if b["step"] == a["step"] + 1 and a["decodes"] + b["decodes"] > 0:
             assert a["decodes"] + b["decodes"] == DECODERS, (a, b)
     assert all(line["num_tokens"] <= BUDGET for line in lines)
+    # The decodes' summed context: each decoder holds its 50-token prompt plus the tokens it
+    # generated so far (under 128), one new token each: what refit_from_trace rebuilds rows from.
+    for line in shared:
+        n = line["decodes"]
+        assert line["decode_tokens"] == n, line
+        assert 50 * n <= line["decode_history"] < (50 + 128) * n, line

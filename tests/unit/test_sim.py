@@ -267,6 +267,40 @@ def test_refit_from_trace_recovers_the_model_and_feeds_the_prediction():
     assert slow.mean_ttft_ms == pytest.approx(2 * fast.mean_ttft_ms)
 
 
+def test_refit_from_trace_prices_decodes_from_the_decode_steps():
+    # Prefills of one chunk size cannot split gamma*L from a*2*L*x (both grow with L alone);
+    # a decode takes gamma*L whole, so only steps that carry decodes pin what one costs.
+    true = LatencyModel(a=3e-6, b=0.02, c=1.5, gamma=2e-5, d=2e-6)
+    samples = [{"size": float(x), "latency_ms": true.request_ms(0, x)}
+               for x in range(128, 8193, 128)]
+    prefills = [{"requests": [{"id": "r", "history": L, "chunk": 1024}], "decodes": 0,
+                 "measured_ms": true.request_ms(L, 1024) * (1 + 0.02 * ((-1) ** (L // 1024)))}
+                for L in range(0, 15361, 1024)]
+    decoding = []
+    for k in range(24):
+        n, ctx = 1 + k % 4, 4000 + 500 * k
+        items = [(ctx + i, 1) for i in range(n)]
+        pre = [(8000 + 128 * k, 512)] if k % 2 else []
+        decoding.append({"requests": [{"id": "p", "history": L, "chunk": x} for L, x in pre],
+                         "decodes": n, "decode_history": sum(h for h, _ in items),
+                         "decode_tokens": n, "measured_ms": true.step_ms(pre + items)})
+    three = [(16000, 1)] * 3
+    fitted = refit_from_trace(prefills + decoding, samples)
+    assert fitted is not None
+    assert fitted.step_ms(three) == pytest.approx(true.step_ms(three), rel=0.05)
+    prefill_only = refit_from_trace(prefills, samples)
+    assert prefill_only is not None
+    assert abs(prefill_only.step_ms(three) / true.step_ms(three) - 1) > 0.2
+    assert fitted.request_ms(12000, 1024) == pytest.approx(true.request_ms(12000, 1024), rel=0.03)
+    # The same decode steps without their context (older traces), or with speculative
+    # tokens (the sums would not be exact), are left out, not guessed.
+    blind = [dict(ln, decode_history=None) for ln in decoding]
+    spec = [dict(ln, decode_tokens=ln["decodes"] + 1) for ln in decoding]
+    for extra in (blind, spec):
+        other = refit_from_trace(prefills + extra, samples)
+        assert other is not None and other.to_dict() == prefill_only.to_dict()
+
+
 def test_refit_from_a_fixed_chunk_trace_needs_the_sweep():
     # One chunk size: x and x^2 are constant, so b and c cannot be told apart from the trace
     # alone; the sweep's L = 0 samples pin them.

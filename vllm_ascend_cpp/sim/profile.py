@@ -119,25 +119,36 @@ def _stage_scale(sweep: Any, pp: int | None) -> tuple[float, ...] | None:
 
 def refit_from_trace(lines: Sequence[Mapping],
                      samples: Sequence[Mapping] | None = None) -> LatencyModel | None:
-    """A model fitted to a trace's timed prefill-only steps (the plugin's own online fit).
+    """A model fitted to a trace's timed steps, as the plugin's own online fit does.
 
-    The startup sweep can be off (a busy machine, a cold cache); what the engine measured
-    while serving is the better description of it. Steps with decodes are left out: the trace
-    does not record the decodes' context lengths. ``samples`` (the report's sweep samples,
-    ``{"size", "latency_ms"}``) join as steps at ``L = 0``: a trace of fixed chunks has one
-    chunk size and cannot pin ``b`` and ``c`` on its own, and the sweep has no prefix and
-    cannot pin ``gamma`` or tell ``a`` from ``d``. None when the fit is rejected.
+    The startup sweep can be off (a busy machine, a cold cache); what the engine measured while
+    serving is the better description of it. Steps with decodes count when the line records the
+    decodes' cached tokens (``decode_history``) and each decode ran one token (a decode is then
+    the ``x = 1`` case, an exact row); older traces lack the field and such steps are left out.
+    Fitted to prefill steps alone, ``gamma*L`` and ``a*2*L*x`` are told apart only by chunk
+    sizes that vary little, and a decode (``x = 1``) takes the whole ``gamma*L``: on the CPU
+    test bed such a fit priced one decode at 16K context at 13 ms, where each decode adds about
+    2.4 ms to a measured decode-only step. ``samples`` (the report's sweep samples, ``{"size",
+    "latency_ms"}``) join as steps at ``L = 0``: a trace of fixed chunks has one chunk size and
+    cannot pin ``b`` and ``c`` on its own, and the sweep has no prefix and cannot pin ``gamma``
+    or tell ``a`` from ``d``. None when the fit is rejected.
     """
     rows, ms = [], []
     for ln in lines:
-        meas = ln.get("measured_ms") if isinstance(ln, Mapping) else None
-        reqs = ln.get("requests") if isinstance(ln, Mapping) else None
-        if not isinstance(meas, (int, float)) or not meas > 0 or not reqs or ln.get("decodes"):
+        if not isinstance(ln, Mapping):
             continue
-        items = [(int(r.get("history") or 0), int(r.get("chunk") or 0)) for r in reqs
-                 if isinstance(r, Mapping)]
-        rows.append(LatencyModel.step_features(items))
-        ms.append(float(meas))
+        meas = ln.get("measured_ms")
+        if not isinstance(meas, (int, float)) or not meas > 0:
+            continue
+        items = [(int(r.get("history") or 0), int(r.get("chunk") or 0))
+                 for r in ln.get("requests") or () if isinstance(r, Mapping)]
+        decodes = _decode_items(ln)
+        if decodes is None:
+            continue
+        items += decodes
+        if items:
+            rows.append(LatencyModel.step_features(items))
+            ms.append(float(meas))
     for smp in samples or ():
         size, lat = smp.get("size"), smp.get("latency_ms")
         if isinstance(size, (int, float)) and isinstance(lat, (int, float)) and size > 0:
@@ -147,6 +158,20 @@ def refit_from_trace(lines: Sequence[Mapping],
         return None
     fit = fit_rows(np.vstack(rows), ms)
     return fit.model if fit.ok else None
+
+
+def _decode_items(line: Mapping) -> list[tuple[int, int]] | None:
+    """The line's decodes as ``(history, 1)`` items for a regression row (their summed
+    history stands for each one's: the row is linear in the sums), ``[]`` without decodes,
+    None when they cannot be rebuilt exactly (no ``decode_history``, or speculative tokens)."""
+    n = int(line.get("decodes") or 0)
+    if n <= 0:
+        return []
+    history, tokens = line.get("decode_history"), line.get("decode_tokens")
+    if not isinstance(history, int) or tokens != n:
+        return None
+    # Rows are sums over items: one decode carries the history, the rest add their token.
+    return [(history, 1)] + [(0, 1)] * (n - 1)
 
 
 def host_ms_from_trace(lines: Sequence[Mapping]) -> float:
