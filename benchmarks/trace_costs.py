@@ -1,0 +1,148 @@
+"""Where a trace's timed steps depart from the latency model: costs the model does not have.
+
+Reads a `trace_file` (one JSON line per step, written by a benchmark such as
+`bench_engine.py --one-engine`, which leaves it in its work directory) and reports, over the
+timed steps, the measured time against the time the model in use predicted:
+
+* steps that ran one prefill and nothing else, split into a request's first chunk (no cached
+  prefix) and later chunks, by chunk size: measured / predicted, median and mean;
+* steps whose total token count the trace had not shown before against counts it had:
+  measured - predicted (ms). Kernels that build and cache one implementation per shape
+  (oneDNN's matmul primitives on the CPU) pay for a new count once;
+* stalls: steps measured at more than 3x their prediction and 500 ms or more, with the stage
+  that stalled.
+
+    python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
+        --out benchmarks/results/trace_costs_anchored
+Writes OUT.json and OUT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vllm_ascend_cpp.trace import read_trace  # noqa: E402
+
+# Chunk-size buckets (tokens) for single-prefill steps.
+BUCKETS = ((1, 1024), (1025, 2048), (2049, 3072), (3073, 1 << 30))
+STALL_RATIO = 3.0
+STALL_MS = 500.0
+
+
+def _timed(line: dict) -> bool:
+    m, p = line.get("measured_ms"), line.get("predicted_ms")
+    return isinstance(m, (int, float)) and isinstance(p, (int, float)) and m > 0 and p > 0
+
+
+def _bucket(n: int) -> str:
+    lo, hi = next((lo, hi) for lo, hi in BUCKETS if lo <= n <= hi)
+    return f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
+
+
+def _summary(values: Sequence[float]) -> dict:
+    return {"steps": len(values), "median": statistics.median(values),
+            "mean": statistics.mean(values)}
+
+
+def first_chunk_costs(lines: Sequence[dict]) -> dict[str, dict]:
+    """measured / predicted of timed single-prefill steps (no decodes), keyed
+    ``"first <bucket>"`` (no cached prefix) or ``"later <bucket>"``."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for ln in lines:
+        reqs = ln.get("requests") or []
+        if len(reqs) != 1 or ln.get("decodes") or not _timed(ln):
+            continue
+        first = int(reqs[0].get("history") or 0) == 0
+        key = f"{'first' if first else 'later'} {_bucket(int(reqs[0].get('chunk') or 0))}"
+        groups[key].append(ln["measured_ms"] / ln["predicted_ms"])
+    return {k: _summary(v) for k, v in sorted(groups.items())}
+
+
+def new_size_costs(lines: Sequence[dict]) -> dict[str, dict]:
+    """measured - predicted (ms) of timed prefill steps whose token count is new to the trace
+    (in step order) against counts seen before; also the number of distinct counts."""
+    seen: set[int] = set()
+    groups: dict[str, list[float]] = defaultdict(list)
+    for ln in sorted(lines, key=lambda x: x.get("step", 0)):
+        n = int(ln.get("num_tokens") or 0)
+        new = n not in seen
+        seen.add(n)
+        if ln.get("requests") and _timed(ln):
+            groups["new" if new else "seen"].append(ln["measured_ms"] - ln["predicted_ms"])
+    out = {k: _summary(v) for k, v in sorted(groups.items())}
+    out["distinct_token_counts"] = len(seen)
+    return out
+
+
+def stalls(lines: Sequence[dict]) -> list[dict]:
+    out = []
+    for ln in lines:
+        if _timed(ln) and ln["measured_ms"] >= STALL_MS \
+                and ln["measured_ms"] > STALL_RATIO * ln["predicted_ms"]:
+            first = [int(r.get("chunk") or 0) for r in ln.get("requests") or []
+                     if int(r.get("history") or 0) == 0]
+            out.append({"step": ln.get("step"), "num_tokens": ln.get("num_tokens"),
+                        "first_chunk": max(first) if first else None,
+                        "predicted_ms": ln["predicted_ms"], "measured_ms": ln["measured_ms"],
+                        "stage_ms": ln.get("stage_ms")})
+    return out
+
+
+def analyse(lines: Sequence[dict]) -> dict:
+    return {"steps": len(lines), "timed": sum(_timed(ln) for ln in lines),
+            "single_prefill": first_chunk_costs(lines), "token_counts": new_size_costs(lines),
+            "stalls": stalls(lines)}
+
+
+def render(res: dict, command: str) -> str:
+    md = ["# Where timed steps depart from the latency model", "",
+          f"Made by `{command}`: {res['steps']} steps, "
+          f"{res['timed']} timed. Predicted is the model in use when the step ran.", "",
+          "## One prefill, nothing else: measured / predicted", "",
+          "| chunk | steps | median | mean |", "|---|---|---|---|"]
+    for k, s in res["single_prefill"].items():
+        md.append(f"| {k} | {s['steps']} | {s['median']:.3f} | {s['mean']:.3f} |")
+    tc = res["token_counts"]
+    md += ["", f"## Step token counts new to the trace ({tc['distinct_token_counts']} distinct)",
+           "", "| token count | steps | median ms over | mean ms over |", "|---|---|---|---|"]
+    for k in ("new", "seen"):
+        if k in tc:
+            md.append(f"| {k} | {tc[k]['steps']} | {tc[k]['median']:.1f} | {tc[k]['mean']:.1f} |")
+    md += ["", f"## Stalls (measured > {STALL_RATIO:g}x predicted and >= {STALL_MS:g} ms)", ""]
+    if res["stalls"]:
+        md += ["| step | tokens | first chunk in it | predicted ms | measured ms | stage ms |",
+               "|---|---|---|---|---|---|"]
+        md += [f"| {s['step']} | {s['num_tokens']} | {s['first_chunk'] or '-'} | "
+               f"{s['predicted_ms']:.0f} | {s['measured_ms']:.0f} | {s['stage_ms']} |"
+               for s in res["stalls"]]
+    else:
+        md.append("none")
+    return "\n".join(md) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace")
+    ap.add_argument("--out", default=None, help="output path without extension")
+    args = ap.parse_args(argv)
+    res = analyse(read_trace(args.trace))
+    command = f"python benchmarks/trace_costs.py {args.trace}" + (
+        f" --out {args.out}" if args.out else "")
+    text = render(res, command)
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        Path(args.out + ".md").write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

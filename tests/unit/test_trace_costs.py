@@ -1,0 +1,51 @@
+"""benchmarks/trace_costs.py on a made-up trace whose departures from the model are known."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import trace_costs  # noqa: E402
+
+
+def _line(step: int, reqs: list[tuple[int, int]], pred: float, meas: float | None,
+          decodes: int = 0) -> dict:
+    return {"step": step, "requests": [{"id": f"r{h}", "history": h, "chunk": x}
+                                       for h, x in reqs],
+            "decodes": decodes, "num_tokens": sum(x for _, x in reqs) + decodes,
+            "predicted_ms": pred, "measured_ms": meas}
+
+
+def test_first_chunks_new_sizes_and_stalls_are_told_apart():
+    lines = []
+    step = 0
+    for k in range(6):
+        # A prompt: a first chunk 1.5x its prediction, then later chunks as predicted; the
+        # first step of each new token count (here every chunk of prompt 0) 20 ms over.
+        for i, x in enumerate((2048, 1536, 1024)):
+            step += 1
+            pred = 50.0 + i
+            meas = pred * (1.5 if i == 0 else 1.0) + (20.0 if k == 0 else 0.0)
+            lines.append(_line(step, [(i * 4096, x)], pred, meas))
+        step += 1
+        lines.append(_line(step, [], 5.0, None, decodes=3))  # untimed decode-only step
+    step += 1
+    lines.append(_line(step, [(0, 2048), (9000, 512)], 60.0, 1100.0))  # a stall
+    res = trace_costs.analyse(lines)
+    sp = res["single_prefill"]
+    assert set(sp) == {"first 1025-2048", "later 1025-2048", "later 1-1024"}
+    assert sp["first 1025-2048"]["median"] == pytest.approx(1.5)
+    assert sp["later 1-1024"]["median"] == pytest.approx(1.0)
+    tc = res["token_counts"]
+    assert tc["distinct_token_counts"] == 5  # 2048, 1536, 1024, the decode step's 3, 2560
+    assert tc["new"]["steps"] == 4 and tc["seen"]["steps"] == 15
+    assert tc["seen"]["median"] == pytest.approx(0.0)
+    assert [s["step"] for s in res["stalls"]] == [step]
+    assert res["stalls"][0]["first_chunk"] == 2048
+    text = trace_costs.render(res, "python benchmarks/trace_costs.py t.jsonl")
+    assert "| first 1025-2048 | 6 | 1.500 |" in text
