@@ -46,17 +46,18 @@ class TraceWriter:
         prefills = [
             {"id": rid, "history": h, "chunk": n} for rid, h, n, pre in rec.items if pre
         ]
+        decodes = [(h, n) for _, h, n, pre in rec.items if not pre]
         line = {
             "step": rec.step,
             "time": round(time.time(), 6),
             "state": rec.state,
             "requests": prefills,
-            "decodes": sum(1 for *_, pre in rec.items if not pre),
+            "decodes": len(decodes),
             # The decodes' cached tokens and new tokens, summed: with them a timed step is a
             # whole regression row (a decode is the x = 1 case of the latency model), so a
             # trace can be refitted from every timed step as the engine's own fit is.
-            "decode_history": sum(h for _, h, _, pre in rec.items if not pre),
-            "decode_tokens": sum(n for _, _, n, pre in rec.items if not pre),
+            "decode_history": sum(h for h, _ in decodes),
+            "decode_tokens": sum(n for _, n in decodes),
             "num_tokens": sum(n for _, _, n, _ in rec.items),
             # The step cost the plan aimed at (c included), for measured/target comparisons.
             "target_ms": _finite(plan.target_ms) if plan is not None else None,

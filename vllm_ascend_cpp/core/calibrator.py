@@ -315,7 +315,7 @@ class OnlineCalibrator:
         passing = [c for c in tried if c.model is not None]
         if passing:
             best = min(passing, key=lambda c: c.error)
-            anchored = passing[0] if passing[0].source == "anchored" else None
+            anchored = next((c for c in passing if c.source == "anchored"), None)
             if anchored is not None and best is not anchored \
                     and not best.error < _WINDOW_ALONE_GAIN * anchored.error:
                 # Fitted to the window alone, a model agrees with the steps serving made and
