@@ -305,10 +305,11 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
         sim_report = {**report, "base_chunk": None, "min_chunk": None}
         for pol in pols:
             runtime.set_bench_policy(bench_mode(pol), pol["budget"])
-            # At the run's largest concurrency (with --warmup at least that): a policy's steps
-            # with a queue (auto's are larger then) need memory a lone prompt's do not, and
-            # memory touched for the first time is slow on the test VMs. Warmed one prompt at
-            # a time, auto's first 16k c4 cell took 1,428 ms against 1,087-1,288 later.
+            # At the run's largest concurrency (with --warmup at least that): a server that
+            # has run a while has served queues, and a policy's steps with a queue (auto's are
+            # larger then) touch memory a lone prompt's do not. It did not remove the first
+            # round's cost: auto's first 16k c4 cell took 1,428 ms warmed one prompt at a time
+            # and 1,622 ms warmed with 4 at c4, against 1,087-1,294 in later rounds.
             closed_loop_steps(llm, warmup_prompts(args), max(args.concurrency),
                               args.output_len)
         for rnd in range(args.reps):
