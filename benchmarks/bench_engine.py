@@ -375,6 +375,7 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
             pred = [r.get("predicted_mean_ttft_s") for r in res]
             errs = [p / t - 1 for p, t in zip(pred, ttft) if p]
             steps = [e for r in res for e in r.get("step_errors", [])]
+            steps_per_rep = [sum(r.get("steps_by_state", {}).values()) for r in res]
             table.setdefault(key, {})[name] = {
                 "load_avg_max": max(r.get("load_avg", 0.0) for r in res),
                 "ttft_ms": {"min": min(ttft) * 1e3, "median": statistics.median(ttft) * 1e3,
@@ -390,8 +391,8 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
                 "sim_error_max_abs": max(abs(e) for e in errs) if errs else None,
                 "step_errors": steps,
                 "host_cpu_per_rep_s": [r.get("host_cpu_s") for r in res],
-                "steps_per_rep": [sum(r.get("steps_by_state", {}).values()) for r in res],
-                "steps": sum(sum(r.get("steps_by_state", {}).values()) for r in res),
+                "steps_per_rep": steps_per_rep,
+                "steps": sum(steps_per_rep),
                 "fallback_steps": sum(r.get("steps_by_state", {}).get("fixed-fallback", 0)
                                       for r in res),
             }

