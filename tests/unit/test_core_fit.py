@@ -227,7 +227,9 @@ from hypothesis import strategies as st  # noqa: E402
 any_float = st.floats(allow_nan=True, allow_infinity=True, width=64)
 
 
-@settings(max_examples=500, deadline=None)
+# Derandomized, as the other property tests that run in CI: one random draw of this test
+# (garbage floats) left LAPACK's least squares running for over ten minutes in a CI run.
+@settings(max_examples=500, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.tuples(st.one_of(any_float, st.integers(-10, 10**6).map(float)), any_float),
                 max_size=40))
 def test_fit_startup_never_raises_and_never_returns_negative_work(pairs):
