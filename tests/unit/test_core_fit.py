@@ -77,13 +77,77 @@ def test_coefficients_are_never_negative():
     assert fit.model.a >= 0 and fit.model.b >= 0 and fit.model.c >= 0
 
 
-def test_bad_latencies_are_counted_and_never_used():
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize("latency_scale,size_override,rejected,outliers", [
+    # NaN, infinite, zero and negative timings.
+    ([NAN, INF, -INF, 0.0, -3.0], None, 5, 0),
+    # A million times off the median is not a time; 1e3 off the curve is, as an outlier.
+    ([1e-7, 1e7, 1e3], None, 2, 1),
+    # A sweep forward of less than one token.
+    (None, [0.5, 1e-300, 0.0], 3, 0),
+])
+def test_unusable_samples_are_counted_and_never_used(latency_scale, size_override, rejected,
+                                                      outliers):
     sizes = sweep_sizes(8192, 64)
     y = latency(TRUE, sizes)
-    y[[0, 1, 2, 3, 4]] = [math.nan, math.inf, -math.inf, 0.0, -3.0]
+    if latency_scale is not None:
+        k = len(latency_scale)
+        # Scaling keeps NaN and the infinities as they are and makes 0 and -3 non-positive.
+        y[:k] = [v if not math.isfinite(v) or v <= 0 else y[i] * v
+                 for i, v in enumerate(latency_scale)]
+    if size_override is not None:
+        sizes[:len(size_override)] = size_override
     fit = fit_startup(sizes, y)
-    assert fit.ok and fit.n_rejected == 5 and fit.n_used == 59 and fit.n_samples == 64
+    assert fit.ok and fit.n_samples == 64
+    assert fit.n_rejected == rejected and fit.n_outliers == outliers
+    assert fit.n_used == 64 - rejected - outliers
     assert fit.model.a == pytest.approx(TRUE.a, rel=1e-6)
+
+
+# Found by a random draw of the garbage-float property test below: LAPACK printed "DLASCL
+# parameter number 4 had an illegal value" and its least squares ran for over ten minutes.
+# In a child process, so that a return of the hang fails this test instead of stalling CI.
+_HANG_INPUT = [
+    (-1.5093686893758811e+57, 2.888237406591922e+55), (-4.562989237595874e+16, 2.00001),
+    (2.225073858507203e-309, -1.8258561115779296e+16), (500.0, 1.5778743909261096e-304),
+    (9454.0, 3.980897841540429e+305), (2.437711999077605e-50, 8291640348692195.0),
+    (18067.0, -1.1), (2.8560752119120267e-43, -6.92031580166587e+16),
+    (0.0, 1.1268363494828466e+205), (127728.0, 1.91982228012008e-125),
+    (2.2385563679274988e+16, -2.225073858507203e-309), (22.0, -0.3),
+    (56.0, -4.770834641241454e+16), (19454.0, 3.85544496654771e+16),
+    (-4.226921534369734e+190, 8.39839700262929e+178), (-6191038476923016.0, 1.0),
+    (2641.0, 0.5), (5.148433313829728e+16, 1.207037574038433e-43),
+    (1771.0, -3.08888746996212e+16), (7.028415932596074e-49, 5.793203443290635e+16),
+    (-3.5108732603072516e+265, 1.7555701020988668e+16),
+]
+
+
+@pytest.mark.parametrize("min_samples", [8, 1])
+def test_extreme_latencies_that_once_hung_lapack_return(min_samples):
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from vllm_ascend_cpp.core import fit as F\n"
+        "pairs = json.loads(sys.argv[1])\n"
+        "min_samples = int(sys.argv[2])\n"
+        "r = F.fit_startup([s for s, _ in pairs], [t for _, t in pairs],"
+        " min_samples=min_samples)\n"
+        "print(json.dumps([r.ok, r.reason]))\n"
+        # The second guard alone: with no spread limit the solver must still refuse.
+        "F._MAX_LATENCY_SPREAD = float('inf')\n"
+        "r = F.fit_startup([s for s, _ in pairs], [t for _, t in pairs],"
+        " min_samples=min_samples)\n"
+        "print(json.dumps([r.ok, r.reason]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(_HANG_INPUT), str(min_samples)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    first, second = (json.loads(line) for line in out.stdout.splitlines())
+    assert first[0] is False and second[0] is False
+    assert "usable" in first[1] or "distinct sizes" in first[1]
 
 
 def test_fewer_than_eight_usable_samples_are_refused():

@@ -4,7 +4,9 @@ Both data sources end up here: the startup sweep (single prefills at ``L = 0``, 
 ``b`` and ``a`` are identifiable) and the online window (rows
 ``[1, sum L, sum x, sum(2Lx + x^2), sum x^2]``). The fit
 
-* drops samples whose latency is NaN, infinite, zero or negative (counted, never used);
+* drops samples whose latency is NaN, infinite, zero or negative, or more than a million
+  times off the median latency (no real step is; such values would overflow the row weights
+  and leave LAPACK running without end), counted, never used;
 * scales every column to unit maximum so the solver sees comparable magnitudes (``x^2`` is
   ~1e8 times ``1`` at realistic chunk sizes);
 * weights rows by ``1/latency``: timing noise is roughly proportional to the step time, and
@@ -56,6 +58,9 @@ _TRIM_ITERATIONS = 5
 # not a measurement (real sweeps here: 2-25% even on a shared, busy CPU; a sweep whose every
 # sample is 50% off: 37-67%). Online fits have their own, stricter gate (calibrator).
 _MAX_STARTUP_REL_RESIDUAL = 0.30
+# A latency further than this factor from the median usable latency is not a step time (real
+# steps span about 1e3 between a decode and the longest chunk).
+_MAX_LATENCY_SPREAD = 1e6
 # When less than this fraction of the (scaled) ``x^2`` column is left after projecting out
 # the other columns, the rows do not tell d apart from a and c: d is held at 0.
 _D_MIN_SEPARATION = 0.05
@@ -166,7 +171,11 @@ def _fit(X: np.ndarray, y: np.ndarray, *, min_samples: int, startup: bool) -> Fi
     # not finite non-negative work counts.
     usable = np.isfinite(y) & (y > 0) & np.all(np.isfinite(X), axis=1) & np.all(X >= 0, axis=1)
     if startup:
-        usable &= X[:, 2] > 0
+        # A sweep sample is a forward of at least one token.
+        usable &= X[:, 2] >= 1
+    if np.any(usable):
+        mid = float(np.median(y[usable]))
+        usable &= (y >= mid / _MAX_LATENCY_SPREAD) & (y <= mid * _MAX_LATENCY_SPREAD)
     n_rejected = int(n_samples - np.count_nonzero(usable))
     X = X[usable]
     y = y[usable]
@@ -297,6 +306,9 @@ def _weighted_bvls(Xs: np.ndarray, y: np.ndarray, row_weight: np.ndarray,
                    lower: np.ndarray) -> np.ndarray:
     A = Xs * row_weight[:, None]
     rhs = y * row_weight
+    # LAPACK given an infinity or NaN can print an error and then never return.
+    if not (np.all(np.isfinite(A)) and np.all(np.isfinite(rhs))):
+        raise ValueError("the weighted system is not finite")
     result = lsq_linear(A, rhs, bounds=(lower, np.full(lower.shape, np.inf)), method="bvls")
     return np.asarray(result.x, dtype=np.float64)
 
