@@ -171,6 +171,7 @@ def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
     predicted = predict_ttft_s(pol, sim_report, seen[-FORECAST_WINDOW:], k, lens,
                                args.output_len)
     return {"mark": mark, "predicted": predicted, "lens": lens,
+            "shapes_before": {t["num_tokens"] for t in seen},
             "load_before": os.getloadavg()[0], "cpu_before": time.process_time()}
 
 
@@ -186,13 +187,24 @@ def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
     lines = trace.read()[ctx["mark"]:]
     r.update(prefill_cv_and_bubbles(lines, 2))
     r["step_errors"] = step_errors(lines)
+    r["new_shapes"] = new_step_shapes(ctx["shapes_before"], lines)
     # A CPP run in fixed fallback (calibration gave up) measures fixed chunks, not CPP.
     r["steps_by_state"] = dict(Counter(t["state"] for t in lines))
     print(f"  {pol['name']:>16} {key:>8} TTFT {r['mean_ttft_s']*1000:8.0f} ms  "
           f"thr {r['throughput_tok_s']:6.1f} tok/s  "
           f"CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}  "
-          f"host CPU {r['host_cpu_s']:.2f} s", flush=True)
+          f"host CPU {r['host_cpu_s']:.2f} s  new step shapes {r['new_shapes']}", flush=True)
     return r
+
+
+def new_step_shapes(before: set[int], lines: list[dict]) -> int:
+    """Step token counts the engine had not run before this cell (each counted once).
+
+    On the CPU oneDNN builds a matmul primitive the first time it sees a token count (cached
+    afterwards): such steps ran a median 16-29 ms over their prediction in the saved traces
+    (`trace_costs_*`). Fixed budgets repeat one count; dynamic chunks meet new ones early on.
+    """
+    return len({t["num_tokens"] for t in lines} - before)
 
 
 def step_errors(lines: list[dict]) -> list[float]:
@@ -392,6 +404,7 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
                 "step_errors": steps,
                 "host_cpu_per_rep_s": [r.get("host_cpu_s") for r in res],
                 "steps_per_rep": steps_per_rep,
+                "new_shapes_per_rep": [r.get("new_shapes") for r in res],
                 "steps": sum(steps_per_rep),
                 "fallback_steps": sum(r.get("steps_by_state", {}).get("fixed-fallback", 0)
                                       for r in res),

@@ -125,3 +125,15 @@ def test_markdown_flags_cpp_runs_that_fell_back_to_fixed_chunks() -> None:
     cpp["fallback_steps"] = 0
     text = be.markdown({"c1-fixed": {"fixed-512": fixed, "cpp-base-2048": cpp}}, meta)
     assert "fell back" not in text
+
+
+def test_new_step_shapes_counts_token_counts_the_engine_had_not_run() -> None:
+    def step(n: int) -> dict:
+        return {"num_tokens": n}
+
+    before = {1024, 4}
+    lines = [step(1024), step(1500), step(4), step(1500), step(7), step(1024)]
+    # 1500 twice counts once; 1024 and 4 ran before the cell.
+    assert be.new_step_shapes(before, lines) == 2
+    assert be.new_step_shapes(before | {1500, 7}, lines) == 0
+    assert be.new_step_shapes(set(), []) == 0
