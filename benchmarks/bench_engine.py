@@ -321,7 +321,9 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
             # has run a while has served queues, and a policy's steps with a queue (auto's are
             # larger then) touch memory a lone prompt's do not. It did not remove the first
             # round's cost: auto's first 16k c4 cell took 1,428 ms warmed one prompt at a time
-            # and 1,622 ms warmed with 4 at c4, against 1,087-1,294 in later rounds.
+            # and 1,622 ms warmed with 4 at c4, against 1,087-1,294 in later rounds. That cost
+            # was step sizes new to the engine (19 in that cell, fixed 1024's 2), which the
+            # cells count (new_step_shapes) and whole-unit steps make rarer.
             closed_loop_steps(llm, warmup_prompts(args), max(args.concurrency),
                               args.output_len)
         for rnd in range(args.reps):

@@ -236,7 +236,12 @@ def calibration_figures(trace: list[dict]) -> dict:
     prefill = [line for line in trace if line.get("requests")]
     fallback = sum(1 for line in prefill if line["state"] == "fixed-fallback")
     events = [line["event"]["kind"] for line in trace if line.get("event")]
-    errors = _timed_errors(trace[len(trace) // 2:])
+    second = trace[len(trace) // 2:]
+    errors = _timed_errors(second)
+    # Split by kind: a decode-only step of a few ms scatters by a larger share than a prefill
+    # step of tens, so the two tails say different things about the model.
+    by_kind = {kind: _timed_errors([line for line in second if bool(line.get("requests")) == pre])
+               for kind, pre in (("with_prefill", True), ("decode_only", False))}
     # The later half of the timed steps: as many rows whatever share of them the second half
     # of the run holds (one step in 16 once the model is good, so a short run on a fast host
     # times few steps late; CI's soak test reads this).
@@ -253,6 +258,11 @@ def calibration_figures(trace: list[dict]) -> dict:
         "timed_steps_second_half": len(errors),
         "pred_error_median": statistics.median(errors) if errors else None,
         "pred_error_p90": _quantile(errors, 0.9) if errors else None,
+        "by_kind_second_half": {
+            kind: {"steps": len(errs),
+                   "pred_error_median": statistics.median(errs) if errs else None,
+                   "pred_error_p90": _quantile(errs, 0.9) if errs else None}
+            for kind, errs in by_kind.items()},
         "timed_steps_with_stage_times": len(staged),
         "later_timed_half": {"steps": len(later),
                              "pred_error_median": statistics.median(later) if later else None,
@@ -294,6 +304,18 @@ def _err(cal: dict) -> str:
             f"{cal['timed_steps_second_half']} steps")
 
 
+def _by_kind_row(cal: dict) -> list[str]:
+    kinds = cal.get("by_kind_second_half")  # absent from runs saved before the split
+    if not kinds:
+        return []
+    cells = []
+    for kind in ("with_prefill", "decode_only"):
+        k = kinds[kind]
+        cells.append("n/a" if k["pred_error_median"] is None else
+                     f"{k['pred_error_median']:.1%} / {k['pred_error_p90']:.1%} over {k['steps']}")
+    return [f"| the same, steps with prefill work; decode-only steps | {cells[0]}; {cells[1]} |"]
+
+
 def _quantile(xs: list[float], q: float) -> float:
     ys = sorted(xs)
     return ys[min(len(ys) - 1, int(q * len(ys)))]
@@ -319,6 +341,7 @@ def markdown(fig: dict, settings: dict) -> str:
         f"{_share(fig['calibration'])} |",
         f"| timed steps, 2nd half: median / p90 abs(pred - meas) / meas | "
         f"{_err(fig['calibration'])} |",
+        *_by_kind_row(fig['calibration']),
         f"| slowest stage on timed steps | "
         f"{fig['calibration']['stages_slowest_share'] or 'n/a (last stage only)'} |",
         f"| chunk sizes min / median / max | {fig['chunk_sizes']} |",

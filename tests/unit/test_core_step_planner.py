@@ -100,7 +100,8 @@ def test_finishing_prefill_has_no_cap_and_leftover_time_goes_to_the_next():
     plan = sp.plan([prefill(0, 1000, 50000), prefill(1, 100000)], max_budget=16384)
     assert plan.prefill_cap == 0
     tokens = {i.req_id: i.tokens for i in plan.items}
-    assert tokens["p0"] == 1000 and 0 < tokens["p1"] < 16384 and tokens["p1"] % 64 == 0
+    # The step is whole units of the alignment: the unfinished p1 gives up the odd tokens.
+    assert tokens["p0"] == 1000 and 0 < tokens["p1"] < 16384 and (1000 + tokens["p1"]) % 64 == 0
     assert plan.predicted_ms - MODEL.c <= sp.predictor.target_ms * (1 + 1e-9)
     assert plan.token_budget == 1000 + tokens["p1"]
 
@@ -113,6 +114,24 @@ def test_decodes_shrink_the_lead_chunk_and_are_all_scheduled():
     assert all(any(i.req_id == d.req_id for i in plan.items) for d in decodes)
     assert plan.prefill_cap < alone.prefill_cap
     assert plan.predicted_ms - MODEL.c <= sp.predictor.target_ms * (1 + 1e-9)
+
+
+def test_decodes_riding_along_keep_the_step_at_whole_units():
+    # vLLM's fixed budget gives the prefill what the decodes leave of it; the plan does the
+    # same with its own chunk, so step sizes recur instead of meeting the kernels new.
+    sp = planner(base=2048)
+    for n in (1, 3, 63, 64, 65):
+        decodes = [decode(i, history=9000) for i in range(n)]
+        plan = sp.plan([prefill(0, 200000, 4096), *decodes], max_budget=8192)
+        alone = sp.plan([prefill(0, 200000, 4096)], max_budget=8192,
+                        target_ms=sp.predictor.target_ms
+                        - sum(MODEL.chunk_cost_ms(9000, 1) for _ in decodes))
+        unit = sp.predictor.alignment
+        assert plan.scheduled_tokens % unit == 0, (n, plan.items)
+        lead = plan.items[0].tokens
+        # The lead gives up fewer than one unit against the aligned chunk it was given.
+        assert alone.items[0].tokens - unit < lead <= alone.items[0].tokens
+        assert plan.prefill_cap == lead and len(plan.items) == n + 1
 
 
 def test_decodes_are_never_starved_even_over_target():
@@ -204,6 +223,16 @@ def test_plan_properties(case):
         lead_ok = not plan.lead.fallback and allowed is not None and plan.lead.chunk <= allowed
     if decode_cost <= target and lead_ok and not other_prefill_forced:
         assert plan.predicted_ms - model.c <= target * (1 + 1e-9)
+
+    # Whole units of the alignment whenever the last item is a prefill that can give up the
+    # odd tokens without finishing its prompt or stopping (and the walk did not run out).
+    unit = sp.predictor.alignment
+    odd = plan.scheduled_tokens % unit
+    if plan.items and not plan.open_end and plan.scheduled_tokens > unit:
+        k = len(plan.items) - 1
+        tail = plan.items[k]
+        if tail.is_prefill and odd < tail.tokens < walk[k].remaining:
+            assert odd == 0, (odd, plan.items)
 
 
 _tails = st.lists(st.integers(1, 100000), min_size=1, max_size=6)

