@@ -258,17 +258,17 @@ def calibration_figures(trace: list[dict]) -> dict:
         "timed_steps_second_half": len(errors),
         "pred_error_median": statistics.median(errors) if errors else None,
         "pred_error_p90": _quantile(errors, 0.9) if errors else None,
-        "by_kind_second_half": {
-            kind: {"steps": len(errs),
-                   "pred_error_median": statistics.median(errs) if errs else None,
-                   "pred_error_p90": _quantile(errs, 0.9) if errs else None}
-            for kind, errs in by_kind.items()},
+        "by_kind_second_half": {kind: _error_summary(errs) for kind, errs in by_kind.items()},
         "timed_steps_with_stage_times": len(staged),
-        "later_timed_half": {"steps": len(later),
-                             "pred_error_median": statistics.median(later) if later else None,
-                             "pred_error_p90": _quantile(later, 0.9) if later else None},
+        "later_timed_half": _error_summary(later),
         "stages_slowest_share": _slowest_share(staged),
     }
+
+
+def _error_summary(errors: list[float]) -> dict:
+    return {"steps": len(errors),
+            "pred_error_median": statistics.median(errors) if errors else None,
+            "pred_error_p90": _quantile(errors, 0.9) if errors else None}
 
 
 def _timed_errors(lines: list[dict]) -> list[float]:
