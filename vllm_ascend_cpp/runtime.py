@@ -490,7 +490,7 @@ class CppRuntime:
             if not matched:
                 # vLLM had its reasons (KV blocks, encoder budget, ...); the trace shows both.
                 self.plan_mismatches += 1
-        timed = self.manager.should_time_step()
+        timed = self.manager.should_time_step(any(item[3] for item in items))
         if timed:
             # The step number tells every worker's timer which step it timed.
             setattr(output, compat.TIME_STEP_ATTR, self._step)

@@ -245,7 +245,9 @@ def planner_mean_completion(p: ChunkSizePredictor, queue: list[tuple[int, int]],
                             stages: int) -> float:
     """Mean completion over ``queue`` when vLLM's walk is replayed step by step through the
     real StepPlanner: step k carries the decodes of ``phases[k % len(phases)]`` (ahead of the
-    prefills, as running requests are), then the prefills still to do."""
+    prefills, as running requests are), then the prefills still to do. One phase per stage:
+    the next step's phase is what the manager passes as ``next_phase_decodes``."""
+    assert len(phases) in (1, stages)
     from vllm_ascend_cpp.core.step_planner import StepPlanner
 
     planner = StepPlanner(p)
@@ -256,7 +258,9 @@ def planner_mean_completion(p: ChunkSizePredictor, queue: list[tuple[int, int]],
     while todo:
         cands = list(phases[k % len(phases)]) + [Candidate(rid, L, R, True)
                                                   for rid, (L, R) in todo.items()]
-        plan = planner.plan(cands, max_budget=budget, target_ms=target)
+        after = sum(c.remaining for c in phases[(k + 1) % len(phases)])
+        plan = planner.plan(cands, max_budget=budget, target_ms=target,
+                            next_phase_decodes=after if stages > 1 else None)
         total += plan.predicted_ms
         peak = max(peak, plan.predicted_ms)
         for item in plan.items:

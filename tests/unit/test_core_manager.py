@@ -106,6 +106,46 @@ def test_plan_step_uses_the_planner_when_ready():
     assert m.summary()["steps_planned"] == 1
 
 
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_the_next_phase_is_the_decodes_planned_pp_minus_one_steps_ago(pp, monkeypatch):
+    m = profiled(pp_size=pp)
+    seen = []
+    real = m.planner.plan
+
+    def spy(cands, **kw):
+        seen.append(kw.get("next_phase_decodes"))
+        return real(cands, **kw)
+
+    monkeypatch.setattr(m.planner, "plan", spy)
+    # Step k carries k decodes (and a long prefill that never finishes).
+    for k in range(8):
+        decodes = [Candidate(f"d{i}", 100, 1, False) for i in range(k)]
+        m.plan_step([*decodes, Candidate("p", 0, 10**7, True)], max_budget=8192)
+    assert seen == [None] * (pp - 1) + list(range(8 - (pp - 1)))
+
+
+def test_one_stage_has_no_phases(monkeypatch):
+    m = profiled(pp_size=1)
+    seen = []
+    real = m.planner.plan
+    monkeypatch.setattr(m.planner, "plan",
+                        lambda cands, **kw: seen.append(kw.get("next_phase_decodes"))
+                        or real(cands, **kw))
+    for _ in range(3):
+        m.plan_step([Candidate("d", 100, 1, False), Candidate("p", 0, 50, True)],
+                    max_budget=8192)
+    assert seen == [None] * 3
+
+
+def test_steps_without_prefill_are_timed_one_in_sixteen_while_prefill_steps_all_are():
+    m = profiled()
+    assert m.state is CppState.CALIBRATING and m.calibrator.n_rows < m.calibrator.window
+    # A window still filling times every step with prefill work, a decode-only one in 16.
+    assert all(m.should_time_step(True) for _ in range(40))
+    assert sum(m.should_time_step(False) for _ in range(160)) == 10
+    assert all(m.should_time_step(True) for _ in range(40))
+
+
 def test_report_contents():
     m = profiled()
     r = m.report

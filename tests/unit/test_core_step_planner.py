@@ -116,6 +116,60 @@ def test_decodes_shrink_the_lead_chunk_and_are_all_scheduled():
     assert plan.predicted_ms - MODEL.c <= sp.predictor.target_ms * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("remaining", [1000, 100, 40, 2])
+def test_a_prompt_that_would_finish_in_the_busier_phase_finishes_one_step_later(remaining):
+    sp = planner(base=16384)
+    cands = [decode(0), prefill(0, remaining, 5000)]
+    free = sp.plan(cands, max_budget=16384)
+    assert free.prefill_cap == 0 and free.items[-1].tokens == remaining
+    # This step carries one decode, the next none: the prompt's last chunk waits for it.
+    held = sp.plan(cands, max_budget=16384, next_phase_decodes=0)
+    half = remaining // 2 // 64 * 64 if remaining >= 128 else remaining // 2
+    assert held.lead.clamp == "phase_hold" and held.lead.chunk == half
+    # Whole units may take the decode's odd token off the chunk; it still does not finish.
+    assert 0 < held.items[-1].tokens <= half < remaining
+    # As busy or busier next: no reason to wait.
+    for busy in (1, 2):
+        assert sp.plan(cands, max_budget=16384, next_phase_decodes=busy) == free
+
+
+def test_the_phase_hold_never_splits_a_single_token_or_an_unfinished_chunk():
+    sp = planner(base=16384)
+    one = [decode(0), prefill(0, 1, 5000)]
+    assert sp.plan(one, max_budget=16384, next_phase_decodes=0) == sp.plan(one,
+                                                                           max_budget=16384)
+    long = [decode(0), prefill(0, 500000, 5000)]
+    assert sp.plan(long, max_budget=16384, next_phase_decodes=0) == sp.plan(long,
+                                                                            max_budget=16384)
+
+
+def test_a_held_fallback_chunk_is_still_counted_as_a_fallback():
+    # History so long that gamma*L alone exceeds the target: the predictor falls back.
+    sp = planner(model=LatencyModel(a=1e-7, b=0.02, c=30.0, gamma=1e-1), base=2048)
+    cands = [decode(0, history=0), prefill(0, 1000, 10**6)]
+    free = sp.plan(cands, max_budget=16384)
+    assert free.fallback and free.prefill_cap == 0
+    held = sp.plan(cands, max_budget=16384, next_phase_decodes=0)
+    assert held.fallback and held.reason == free.reason and held.prefill_cap == 448
+
+
+def test_a_cheap_rest_is_taken_a_step_early_when_the_next_phase_is_busier():
+    sp = planner(base=16384)
+    lead = sp.plan([prefill(0, 10**6, 5000)], max_budget=32768).lead.chunk
+    # A rest of a tenth of a chunk after this one: it would finish in the next step.
+    cands = [prefill(0, lead + lead // 10, 5000)]
+    free = sp.plan(cands, max_budget=32768)
+    assert free.prefill_cap == lead
+    early = sp.plan(cands, max_budget=32768, next_phase_decodes=3)
+    assert early.prefill_cap == 0 and early.items[-1].tokens == lead + lead // 10
+    assert early.lead.clamp == "phase_merge"
+    # Not when the next phase is as quiet, nor when the rest is a whole second chunk.
+    assert sp.plan(cands, max_budget=32768, next_phase_decodes=0) == free
+    twice = [prefill(0, 2 * lead, 5000)]
+    assert sp.plan(twice, max_budget=32768, next_phase_decodes=3) == sp.plan(
+        twice, max_budget=32768)
+
+
 def test_decodes_riding_along_keep_the_step_at_whole_units():
     # vLLM's fixed budget gives the prefill what the decodes leave of it; the plan does the
     # same with its own chunk, so step sizes recur instead of meeting the kernels new.

@@ -445,7 +445,7 @@ def test_a_failure_pairing_stage_times_costs_the_step_never_the_trace(tmp_path) 
         return record(*args, **kwargs)
 
     rt.manager.record_step = flaky  # type: ignore[method-assign]
-    rt.manager.should_time_step = lambda: True  # type: ignore[method-assign]
+    rt.manager.should_time_step = lambda *_: True  # type: ignore[method-assign]
     p = Req("p", 30000)
     sched = Sched([], [p])
     sched.requests = {"p": p}

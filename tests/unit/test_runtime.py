@@ -94,7 +94,7 @@ def test_a_plan_vllm_did_not_follow_counts_as_a_mismatch() -> None:
 
 def test_a_timed_step_is_marked_and_its_measured_time_feeds_calibration(tmp_path) -> None:
     rt = make_runtime(tmp_path)
-    rt.manager.should_time_step = lambda: True
+    rt.manager.should_time_step = lambda *_: True
     fed: list[tuple] = []
     rt.manager.record_step = lambda pairs, ms, pred: fed.append((pairs, ms, pred))
     sched = SimpleNamespace(requests={"p": vs.Req("p", 8000)})
@@ -118,7 +118,7 @@ def test_a_timed_step_is_marked_and_its_measured_time_feeds_calibration(tmp_path
 
 def test_an_untimed_step_feeds_nothing() -> None:
     rt = make_runtime()
-    rt.manager.should_time_step = lambda: False
+    rt.manager.should_time_step = lambda *_: False
     rt.manager.record_step = lambda *a: pytest.fail("an untimed step reached calibration")
     sched = SimpleNamespace(requests={"p": vs.Req("p", 8000)})
     out = schedule(sched, {"p": 1024})
@@ -130,7 +130,7 @@ def test_an_untimed_step_feeds_nothing() -> None:
 
 def test_host_gap_only_between_back_to_back_timed_prefill_steps(clock: Clock) -> None:
     rt = make_runtime()
-    rt.manager.should_time_step = lambda: True
+    rt.manager.should_time_step = lambda *_: True
     gaps: list[float] = []
     rt.manager.record_host_gap = gaps.append
     sched = SimpleNamespace(requests={"p": vs.Req("p", 100000), "d": vs.Req("d", 10, 12)})
@@ -162,7 +162,7 @@ def test_host_gap_only_between_back_to_back_timed_prefill_steps(clock: Clock) ->
     clock.now += 0.040
     rt.finished(b, model_output(5.0))
     c, d = step({"p": 1024}), step({"p": 1024})
-    rt.manager.should_time_step = lambda: False
+    rt.manager.should_time_step = lambda *_: False
     clock.now += 0.040
     rt.finished(c, model_output(40.0))
     clock.now += 0.040
@@ -173,7 +173,7 @@ def test_host_gap_only_between_back_to_back_timed_prefill_steps(clock: Clock) ->
 @pytest.mark.parametrize("pp", [2, 4])
 def test_results_that_never_come_back_are_evicted_oldest_first(pp: int) -> None:
     rt = make_runtime(pp=pp)
-    rt.manager.should_time_step = lambda: True
+    rt.manager.should_time_step = lambda *_: True
     fed: list[float] = []
     rt.manager.record_step = lambda pairs, ms, pred: fed.append(ms)
     sched = SimpleNamespace(requests={"p": vs.Req("p", 10**7)})

@@ -61,9 +61,10 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from . import step_planner
 from .latency_model import pipeline_ttft_ms
 from .predictor import ChunkSizePredictor
-from .step_planner import Candidate
+from .step_planner import Candidate, held_chunk, phase_move
 
 __all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "DecodeLoad", "MAX_QUEUE",
            "decode_phases"]
@@ -183,9 +184,14 @@ class AutoTarget:
         smallest = p.starved_chunk
         target = float(target_ms)
         # Per phase of the cycle: (time left for prefills, tokens left, per-step constant).
+        phases = decode_phases(decodes)
         cycle = [(target - ms, max(1, int(budget) - tokens), self._c + ms)
-                 for ms, tokens in decode_phases(decodes)]
+                 for ms, tokens in phases]
         period = len(cycle)
+        # The planner's rule 6 (finish in the quieter phase) moves a prompt's last step.
+        loads = [tokens for _, tokens in phases] if period > 1 \
+            and step_planner.BALANCE_PHASES else None
+        merge_limit = step_planner.PHASE_MERGE_LIMIT
         # The predictor's own sizing rule (fold rule included) and root, bound once: this
         # loop runs a few thousand times per search.
         size = p.size
@@ -207,6 +213,14 @@ class AutoTarget:
             else:
                 # The decodes fill the target: the lead still gets its smallest chunk.
                 x = min(smallest, R, room)
+            if loads is not None:
+                move = phase_move(x, R, loads[steps % period], loads[(steps + 1) % period],
+                                  room)
+                if move == "hold":
+                    x = held_chunk(R, align) or x
+                elif move == "merge" and t > 0 \
+                        and cost_of(L, R, L * R, R * R) <= merge_limit * t:
+                    x = R
             cost = cost_of(L, x, L * x, x * x)
             used = x
             L += x

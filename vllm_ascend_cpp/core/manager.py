@@ -28,6 +28,7 @@ from enum import Enum
 
 import numpy as np
 
+from . import step_planner
 from .auto_target import MAX_QUEUE, AutoTarget, AutoTargetTracker
 from .calibrator import CalibrationEvent, OnlineCalibrator
 from .fit import MIN_SAMPLES, FitResult, fit_startup
@@ -46,6 +47,11 @@ PROFILE_VERSION = 1
 TIMING_PERIOD = 16
 # Rescue (no startup model): one step in this many is timed until an online fit passes.
 RESCUE_TIMING_PERIOD = 4
+# While a model is in use, a step without prefill work is timed at most one in this many: it
+# sizes no chunk, a one-decode step is a few milliseconds whose measured time wanders by half on
+# a busy host (benchmarks/results/soak_tcmalloc.md), and each timed step costs a device sync
+# per worker.
+DECODE_TIMING_PERIOD = 16
 # Recent prediction error above this keeps every step timed.
 TIMING_ERROR_THRESHOLD = 0.10
 _RECENT_ERRORS = 64
@@ -102,9 +108,13 @@ class ProfilingChunkManager:
         self._fallback_steps = 0
         self._steps_timed = 0
         self._timing_calls = 0
+        self._decode_timing_calls = 0
         self._errors: deque[float] = deque(maxlen=_RECENT_ERRORS)
         # With online calibration, predictions follow the host's speed between refits.
         self.speed = SpeedFactor(window=SPEED_WINDOW)
+        # Decode tokens of each of the last S-1 steps, oldest first: the oldest is the load of
+        # the next step's phase (a decode comes back S steps after it was scheduled).
+        self._phase_decodes: deque[int] = deque(maxlen=max(0, settings.pp_size - 1))
 
     # -- profiling ------------------------------------------------------------------------
 
@@ -219,12 +229,17 @@ class ProfilingChunkManager:
             target = None
             if self.auto is not None:
                 target = self.auto.target_for(candidates, max_budget, max_requests)
+            phases = self._phase_decodes
+            next_phase = phases[0] if step_planner.BALANCE_PHASES and phases \
+                and len(phases) == phases.maxlen else None
             plan = self.planner.plan(candidates, max_budget=max_budget,
-                                     max_requests=max_requests, target_ms=target)
+                                     max_requests=max_requests, target_ms=target,
+                                     next_phase_decodes=next_phase)
             if rest is not None and _walked_past(plan.items, plan.token_budget, candidates,
                                                  plan.open_end):
                 plan = self.planner.plan(rest(), max_budget=max_budget,
-                                         max_requests=max_requests, target_ms=target)
+                                         max_requests=max_requests, target_ms=target,
+                                         next_phase_decodes=next_phase)
         else:
             items = simulate(candidates, max_budget, 0, max_requests)
             if rest is not None and _walked_past(items, max_budget, candidates, False):
@@ -233,6 +248,8 @@ class ProfilingChunkManager:
                             reason=self.fallback_reason or f"state {self.state.value}")
         if plan.fallback:
             self._fallback_steps += 1
+        if self._phase_decodes.maxlen:
+            self._phase_decodes.append(sum(i.tokens for i in plan.items if not i.is_prefill))
         return plan
 
     def record_step(self, items: Sequence[tuple[int, int]], measured_ms: float,
@@ -273,13 +290,14 @@ class ProfilingChunkManager:
             self._enter_fallback(f"online calibration gave up: {event.reason}")
         return event
 
-    def should_time_step(self) -> bool:
-        """Whether to time the coming step (each call is one step).
+    def should_time_step(self, prefill: bool = True) -> bool:
+        """Whether to time the coming step (each call is one step); ``prefill`` says whether
+        it has prefill work.
 
         Always while calibrating with a window not yet full, or while the recent median
-        prediction error is above 10%; otherwise one step in 16. In rescue one step in 4,
-        after a give-up one step in ``fallback_timing_period``. Never when no model is or could
-        be in use.
+        prediction error is above 10%; otherwise one step in 16. A step without prefill work
+        at most one in ``DECODE_TIMING_PERIOD``. In rescue one step in 4, after a give-up one
+        step in ``fallback_timing_period``. Never when no model is or could be in use.
         """
         self._timing_calls += 1
         cal = self.calibrator
@@ -290,6 +308,9 @@ class ProfilingChunkManager:
             return self._timing_calls % RESCUE_TIMING_PERIOD == 0
         if mode == "gave-up":
             return self._timing_calls % self.settings.fallback_timing_period == 0
+        if not prefill:
+            self._decode_timing_calls += 1
+            return self._decode_timing_calls % DECODE_TIMING_PERIOD == 0
         if self.state == CppState.CALIBRATING and cal is not None and cal.n_rows < cal.window:
             return True
         if self._errors and float(np.median(self._errors)) > TIMING_ERROR_THRESHOLD:

@@ -40,7 +40,8 @@ class ChunkDecision:
     ``clamp`` names the rule that decided the size when it was not the solved size itself:
     ``"min_chunk"``, ``"budget"``, ``"remaining"``, ``"alignment"`` (rounded up to one aligned
     unit, or to the whole budget when that is smaller), ``"tail_fold"``, ``"tail_split"``, or
-    ``""``.
+    ``""``; the step planner adds ``"decodes_fill_target"``, ``"phase_hold"`` and
+    ``"phase_merge"``.
     """
 
     chunk: int

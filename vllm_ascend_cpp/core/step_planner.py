@@ -29,6 +29,11 @@ Policy of :meth:`StepPlanner.plan` (``T`` = the step's target, chunk costs exclu
    finish its prompt can give up the odd tokens (the last item, else the lead through the
    cap): with decodes riding along, aligned chunks alone would make steps of every size, and
    each new size is a new shape for the kernels (see :meth:`StepPlanner._whole_units`).
+6. Under pipeline parallelism (given ``next_phase_decodes``, the decode tokens of the step
+   ``S-1`` steps back, whose decodes come back in the next step) the lead's prompt finishes in
+   the quieter phase: a step later when this step carries more decode tokens than the next,
+   or a step early when the next carries more and the rest is cheap
+   (:meth:`StepPlanner._finish_in_the_quieter_phase`).
 
 Forced prefills between decodes (several partially prefilled requests running at once) are
 charged at the cap and can push the step over ``T``; the plan says so through
@@ -44,7 +49,15 @@ from typing import NamedTuple
 
 from .predictor import ChunkDecision, ChunkSizePredictor
 
-__all__ = ["Candidate", "PlannedItem", "StepPlan", "StepPlanner", "simulate"]
+__all__ = ["Candidate", "PlannedItem", "StepPlan", "StepPlanner", "held_chunk", "phase_move",
+           "simulate"]
+
+# Rule 6 on (the manager then passes next_phase_decodes; the auto target's forecast follows it).
+BALANCE_PHASES = True
+# A prompt's rest is taken a step early (to finish in the quieter phase) only when the merged
+# chunk costs at most this many times the lead's share of the target. In the simulator (the
+# CPU engine's model, 2 stages, concurrency 2 and 4, 16K prompts) 1.25 and 1.5 chose alike.
+PHASE_MERGE_LIMIT = 1.25
 
 
 # Immutable records built once per request per step (hundreds per step with many decodes):
@@ -139,6 +152,25 @@ def _items_ms(model, items: Sequence[PlannedItem]) -> float:
     return model.c + model.sums_cost_ms(sl, sx, slx, sxx)
 
 
+def phase_move(chunk: int, remaining: int, now: int, after: int, room: int) -> str:
+    """Rule 6's move for a lead given ``chunk`` of its ``remaining`` tokens, when this step
+    carries ``now`` decode tokens and the next one ``after``: ``"hold"`` (finish a step later),
+    ``"merge"`` (take the rest now, if it is cheap enough) or ``""``."""
+    if chunk >= remaining:
+        return "hold" if now > after else ""
+    if now < after and remaining <= min(2 * chunk, room):
+        return "merge"
+    return ""
+
+
+def held_chunk(remaining: int, unit: int) -> int:
+    """Half of a last chunk, in whole ``unit``s when there are two; 0 for a single token."""
+    half = remaining // 2
+    if half >= unit:
+        half -= half % unit
+    return half
+
+
 class StepPlanner:
     """Chooses each step's ``(token_budget, prefill_cap)``; see the module docstring."""
 
@@ -157,7 +189,8 @@ class StepPlanner:
                              clamp="decodes_fill_target")
 
     def plan(self, candidates: Sequence[Candidate], *, max_budget: int,
-             max_requests: int | None = None, target_ms: float | None = None) -> StepPlan:
+             max_requests: int | None = None, target_ms: float | None = None,
+             next_phase_decodes: int | None = None) -> StepPlan:
         max_budget = int(max_budget)
         if max_budget < 1:
             raise ValueError(f"max_budget must be >= 1, got {max_budget}")
@@ -220,6 +253,9 @@ class StepPlanner:
                     lead = p.next_chunk(head.history, head.remaining, lead_budget, lead_time)
                 else:
                     lead = self._smallest_chunk(head.remaining, lead_budget)
+                if next_phase_decodes is not None:
+                    lead = self._finish_in_the_quieter_phase(
+                        head, lead, lead_budget, lead_time, decode_tokens, next_phase_decodes)
                 cap = lead.chunk if lead.chunk < head.remaining else 0
 
         last_forced = max(last_decode, lead_index if lead is not None else -1)
@@ -246,6 +282,37 @@ class StepPlanner:
                         reason=lead.reason if lead is not None else "", lead=lead,
                         target_ms=target + model.c,
                         open_end=open_end and end == len(candidates))
+
+    def _finish_in_the_quieter_phase(self, head: Candidate, lead: ChunkDecision,
+                                     lead_budget: int, lead_time: float, decode_tokens: int,
+                                     next_phase_decodes: int) -> ChunkDecision:
+        """The lead's chunk moved so that its prompt finishes in the quieter pipeline phase.
+
+        Under pipeline parallelism a decode is scheduled again only when its last token is
+        back, ``S`` steps later: every running decode keeps the phase of the step that ended
+        its prompt, and this step's phase carries ``decode_tokens`` decode tokens, the next
+        step's ``next_phase_decodes``. Decodes piled in one phase make every other step carry
+        them all and leave the steps between without any: the stages idle and the decodes
+        crawl (on the CPU engine such rounds ran about half the steps at 20% less throughput,
+        ``benchmarks/results/engine_bench_auto_vs_base_units2.md``; in the simulator base at
+        concurrency 2 ran 0.841x fixed 1024's throughput, ``sim_phase_balance.md``). So a
+        prompt that would finish in the busier phase gives half of its last chunk (whole
+        alignment units when there are two) to the next step, and one whose rest would finish
+        in the next, busier, step takes it now when the whole costs at most
+        ``PHASE_MERGE_LIMIT`` times the lead's time.
+        """
+        remaining = head.remaining
+        move = phase_move(lead.chunk, remaining, decode_tokens, next_phase_decodes, lead_budget)
+        if move == "hold":
+            half = held_chunk(remaining, self.predictor.alignment)
+            # A fallback chunk stays one (the step is counted as such), only shorter.
+            return ChunkDecision(half, fallback=lead.fallback, reason=lead.reason,
+                                 clamp="phase_hold") if half else lead
+        if move == "merge" and not lead.fallback and lead_time > 0 \
+                and self.predictor.model.chunk_cost_ms(head.history, remaining) \
+                <= PHASE_MERGE_LIMIT * lead_time:
+            return ChunkDecision(remaining, fallback=False, clamp="phase_merge")
+        return lead
 
     def _whole_units(self, walk: Sequence[Candidate], budget: int, cap: int,
                      items: tuple[PlannedItem, ...], max_requests: int | None,
