@@ -479,6 +479,7 @@ class CppRuntime:
         if self._step_fault is not None:
             self._step_fault()
         items = scheduled_items(scheduler.requests, output.num_scheduled_tokens)
+        self.manager.record_decodes(sum(item[2] for item in items if not item[3]))
         if not items:
             return None
         preempted = compat.preempted_request_ids(output)

@@ -4,10 +4,11 @@ Under pipeline parallelism a decode is scheduled again only once its last token 
 ``pp_size`` steps later, so every running decode keeps the phase (step number modulo
 ``pp_size``) of the step that finished its prompt. Two decodes in one phase make every other
 step carry both and leave the steps between with nothing to decode: the stages idle. The
-planner finishes a prompt one step later when the phase it would join carries more decodes than
-the next one (`StepPlanner._hold_finish`). Here vLLM 0.32's `Scheduler` (and `AsyncScheduler`
-with the V2 runner) runs a short prompt that decodes while a long one arrives at each of eight
-moments; once both decode, no step may carry both. With the rule off some
+planner finishes a prompt a step later when the phase it would join carries more decodes than
+the next one, or a step early when the next one is busier and the rest is cheap
+(`StepPlanner._finish_in_the_quieter_phase`). Here vLLM 0.32's `Scheduler` (and
+`AsyncScheduler` with the V2 runner) runs a short prompt that decodes while a long one arrives
+at each of eight moments; once both decode, no step may carry both. With the rule off some
 arrival moments put both in one phase, so the assertion can fail.
 """
 

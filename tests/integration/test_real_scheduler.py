@@ -164,6 +164,24 @@ def _burst_sharing_a_system_prompt() -> Pattern:
     return Pattern(shape, reqs, seed=11)
 
 
+def test_a_step_planned_again_for_cached_prefixes_keeps_its_phase_decision() -> None:
+    """Shrunk from a CI failure: a step with one decode after a step with none holds the lead's
+    last chunk for the quieter phase (rule 6). The step is planned again because requests
+    admitted with it find a prefix cached within it; when each planning counted the step's
+    decodes, the second one saw the step itself as the previous one, dropped the hold, and
+    vLLM admitted a request at a cached prefix the plan did not carry."""
+    shape = EngineShape(max_model_len=4096, max_num_batched_tokens=1024, max_num_seqs=7,
+                        num_blocks=257, prefix_caching=True, online_calibration=False,
+                        min_chunk=None)
+    reqs = tuple(RequestSpec(arrive=0, prompt_len=1, max_tokens=1) for _ in range(6)) + (
+        RequestSpec(arrive=0, prompt_len=240, max_tokens=2, document=0, prefix_len=240),
+        RequestSpec(arrive=0, prompt_len=846, max_tokens=1, document=0, prefix_len=512),
+        RequestSpec(arrive=0, prompt_len=850, max_tokens=1, document=0, prefix_len=512),
+        RequestSpec(arrive=0, prompt_len=560, max_tokens=1, document=0, prefix_len=512))
+    tally = check_pattern(Pattern(shape, reqs))
+    assert tally.mismatched_steps == 0 and tally.finished == len(reqs)
+
+
 def test_requests_admitted_together_are_planned_at_the_prefix_the_first_one_caches() -> None:
     """Four requests with one 300-token system prompt arrive at once: vLLM computes it for the
     first and the others, admitted in the same step, find it cached (their lookup before the

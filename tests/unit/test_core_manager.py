@@ -117,11 +117,15 @@ def test_the_next_phase_is_the_decodes_planned_pp_minus_one_steps_ago(pp, monkey
         return real(cands, **kw)
 
     monkeypatch.setattr(m.planner, "plan", spy)
-    # Step k carries k decodes (and a long prefill that never finishes).
+    # Step k carries k decodes (and a long prefill that never finishes); planning it again
+    # (as a step is for prefixes cached within it) must not count it twice.
     for k in range(8):
         decodes = [Candidate(f"d{i}", 100, 1, False) for i in range(k)]
-        m.plan_step([*decodes, Candidate("p", 0, 10**7, True)], max_budget=8192)
-    assert seen == [None] * (pp - 1) + list(range(8 - (pp - 1)))
+        for _ in range(2):
+            m.plan_step([*decodes, Candidate("p", 0, 10**7, True)], max_budget=8192)
+        m.record_decodes(k)
+    assert seen[::2] == seen[1::2]
+    assert seen[::2] == [None] * (pp - 1) + list(range(8 - (pp - 1)))
 
 
 def test_one_stage_has_no_phases(monkeypatch):
@@ -134,6 +138,7 @@ def test_one_stage_has_no_phases(monkeypatch):
     for _ in range(3):
         m.plan_step([Candidate("d", 100, 1, False), Candidate("p", 0, 50, True)],
                     max_budget=8192)
+        m.record_decodes(1)
     assert seen == [None] * 3
 
 

@@ -116,7 +116,7 @@ def test_decodes_shrink_the_lead_chunk_and_are_all_scheduled():
     assert plan.predicted_ms - MODEL.c <= sp.predictor.target_ms * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("remaining", [1000, 100, 40, 2])
+@pytest.mark.parametrize("remaining", [1000, 100, 65])
 def test_a_prompt_that_would_finish_in_the_busier_phase_finishes_one_step_later(remaining):
     sp = planner(base=16384)
     cands = [decode(0), prefill(0, remaining, 5000)]
@@ -124,7 +124,8 @@ def test_a_prompt_that_would_finish_in_the_busier_phase_finishes_one_step_later(
     assert free.prefill_cap == 0 and free.items[-1].tokens == remaining
     # This step carries one decode, the next none: the prompt's last chunk waits for it.
     held = sp.plan(cands, max_budget=16384, next_phase_decodes=0)
-    half = remaining // 2 // 64 * 64 if remaining >= 128 else remaining // 2
+    # Half in whole units of the alignment (64), never below the smallest chunk (64 here).
+    half = max(remaining // 2 // 64 * 64, 64)
     assert held.lead.clamp == "phase_hold" and held.lead.chunk == half
     # Whole units may take the decode's odd token off the chunk; it still does not finish.
     assert 0 < held.items[-1].tokens <= half < remaining
@@ -133,11 +134,17 @@ def test_a_prompt_that_would_finish_in_the_busier_phase_finishes_one_step_later(
         assert sp.plan(cands, max_budget=16384, next_phase_decodes=busy) == free
 
 
-def test_the_phase_hold_never_splits_a_single_token_or_an_unfinished_chunk():
+@pytest.mark.parametrize("min_chunk,remaining", [(0, 1), (0, 64), (0, 40), (1024, 1000)])
+def test_the_phase_hold_never_cuts_below_the_smallest_chunk(min_chunk, remaining):
+    # A prompt no longer than the smallest chunk (one alignment unit, or min_chunk) runs whole.
+    sp = planner(base=16384, min_chunk=min_chunk)
+    short = [decode(0), prefill(0, remaining, 5000)]
+    assert sp.plan(short, max_budget=16384, next_phase_decodes=0) == sp.plan(
+        short, max_budget=16384)
+
+
+def test_the_phase_hold_never_splits_an_unfinished_chunk():
     sp = planner(base=16384)
-    one = [decode(0), prefill(0, 1, 5000)]
-    assert sp.plan(one, max_budget=16384, next_phase_decodes=0) == sp.plan(one,
-                                                                           max_budget=16384)
     long = [decode(0), prefill(0, 500000, 5000)]
     assert sp.plan(long, max_budget=16384, next_phase_decodes=0) == sp.plan(long,
                                                                             max_budget=16384)

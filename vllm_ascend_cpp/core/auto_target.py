@@ -217,7 +217,7 @@ class AutoTarget:
                 move = phase_move(x, R, loads[steps % period], loads[(steps + 1) % period],
                                   room)
                 if move == "hold":
-                    x = held_chunk(R, align) or x
+                    x = held_chunk(R, align, smallest) or x
                 elif move == "merge" and t > 0 \
                         and cost_of(L, R, L * R, R * R) <= merge_limit * t:
                     x = R

@@ -112,8 +112,8 @@ class ProfilingChunkManager:
         self._errors: deque[float] = deque(maxlen=_RECENT_ERRORS)
         # With online calibration, predictions follow the host's speed between refits.
         self.speed = SpeedFactor(window=SPEED_WINDOW)
-        # Decode tokens of each of the last S-1 steps, oldest first: the oldest is the load of
-        # the next step's phase (a decode comes back S steps after it was scheduled).
+        # Decode tokens vLLM scheduled in each of the last S-1 steps, oldest first: the oldest
+        # is the load of the next step's phase (a decode comes back S steps after it ran).
         self._phase_decodes: deque[int] = deque(maxlen=max(0, settings.pp_size - 1))
 
     # -- profiling ------------------------------------------------------------------------
@@ -248,9 +248,13 @@ class ProfilingChunkManager:
                             reason=self.fallback_reason or f"state {self.state.value}")
         if plan.fallback:
             self._fallback_steps += 1
-        if self._phase_decodes.maxlen:
-            self._phase_decodes.append(sum(i.tokens for i in plan.items if not i.is_prefill))
         return plan
+
+    def record_decodes(self, tokens: int) -> None:
+        """The decode tokens vLLM scheduled in this step (called once per ``schedule()``:
+        a step planned again for shared prefixes must not count twice)."""
+        if self._phase_decodes.maxlen:
+            self._phase_decodes.append(int(tokens))
 
     def record_step(self, items: Sequence[tuple[int, int]], measured_ms: float,
                     predicted_ms: float | None = None) -> CalibrationEvent | None:

@@ -163,12 +163,13 @@ def phase_move(chunk: int, remaining: int, now: int, after: int, room: int) -> s
     return ""
 
 
-def held_chunk(remaining: int, unit: int) -> int:
-    """Half of a last chunk, in whole ``unit``s when there are two; 0 for a single token."""
+def held_chunk(remaining: int, unit: int, least: int) -> int:
+    """Half of a last chunk in whole ``unit``s, at least ``least`` (the smallest chunk that
+    does not finish a prompt: ``min_chunk`` stays a floor); 0 when that leaves nothing for the
+    next step (a prompt that short runs whole)."""
     half = remaining // 2
-    if half >= unit:
-        half -= half % unit
-    return half
+    half = max(half - half % unit, least)
+    return half if half < remaining else 0
 
 
 class StepPlanner:
@@ -296,15 +297,15 @@ class StepPlanner:
         crawl (on the CPU engine such rounds ran about half the steps at 20% less throughput,
         ``benchmarks/results/engine_bench_auto_vs_base_units2.md``; in the simulator base at
         concurrency 2 ran 0.841x fixed 1024's throughput, ``sim_phase_balance.md``). So a
-        prompt that would finish in the busier phase gives half of its last chunk (whole
-        alignment units when there are two) to the next step, and one whose rest would finish
-        in the next, busier, step takes it now when the whole costs at most
-        ``PHASE_MERGE_LIMIT`` times the lead's time.
+        prompt that would finish in the busier phase keeps half of its last chunk (whole
+        alignment units, never below the smallest chunk) and finishes in the next step, and one
+        whose rest would finish in the next, busier, step takes it now when the whole costs at
+        most ``PHASE_MERGE_LIMIT`` times the lead's time.
         """
         remaining = head.remaining
         move = phase_move(lead.chunk, remaining, decode_tokens, next_phase_decodes, lead_budget)
         if move == "hold":
-            half = held_chunk(remaining, self.predictor.alignment)
+            half = held_chunk(remaining, self.predictor.alignment, self.predictor.starved_chunk)
             # A fallback chunk stays one (the step is counted as such), only shorter.
             return ChunkDecision(half, fallback=lead.fallback, reason=lead.reason,
                                  clamp="phase_hold") if half else lead
