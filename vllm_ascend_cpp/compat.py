@@ -780,7 +780,8 @@ def _cached_block_table(pool: Any) -> tuple[Callable[[Any], Any],
     return key, present
 
 
-# (request, history, tokens) of a prefill chunk of a step, in the order vLLM's walk takes it.
+# (request, hit, tokens) of a prefill chunk of a step, in the order vLLM's walk takes it: hit
+# is the history before the step (a waiting request's own lookup), tokens those planned.
 ScheduledChunk = tuple[Any, int, int]
 
 
@@ -826,7 +827,9 @@ def prefix_cache_in_step(scheduler: Any) -> Callable[[Sequence[ScheduledChunk]],
                                    cached)
                 if longer * block > hit:
                     out[k] = longer * block
-            end = (hit + tokens) // block
+            # The chunk computes its tokens from the prefix it finds.
+            start = out.get(k, hit)
+            i, end = start // block, (start + tokens) // block
             if i < end and i < len(hashes):
                 starts.add(hashes[i])
             lowest = i if not spans or i < lowest else lowest

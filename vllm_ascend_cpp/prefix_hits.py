@@ -20,9 +20,10 @@ Within one step, vLLM caches each scheduled request's full blocks as it allocate
 waiting request admitted after another that shares its prefix finds more than the lookup
 before the step did (a burst of requests with one system prompt computes it once).
 `grown_in_step` finds those requests in a plan (`compat.prefix_cache_in_step` does the block
-matching); the runtime then plans again with their longer history. Blocks vLLM evicts within
-the step, to place an earlier request in a full pool, are not foreseen: such a plan shows as
-a mismatch.
+matching, from each waiting request's own lookup), and those a plan gave a longer prefix than
+the chunks before them now cache; the runtime then plans again with the prefix they will find.
+Blocks vLLM evicts within the step, to place an earlier request in a full pool, are not
+foreseen: such a plan shows as a mismatch.
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class PrefixHits:
     def grown_in_step(self, requests: Mapping[str, Any],
                       items: Sequence[tuple[str, int, int, bool]]) -> dict[str, int]:
         """Requests of a plan (`(req_id, history, tokens, is_prefill)` in walk order) that
-        start with nothing computed and will find a longer prefix than planned, because
-        prefill chunks before them in the same step cache it: req_id -> that prefix in
-        tokens."""
+        start with nothing computed and will find another prefix than planned: a longer one,
+        cached by prefill chunks before them in the same step, or a shorter one than a plan
+        made for such a prefix (planned again, a chunk before it computes fewer blocks):
+        req_id -> that prefix in tokens."""
         grown_at = self._in_step
         if grown_at is None or len(items) < 2:
             return {}
@@ -96,15 +98,26 @@ class PrefixHits:
         # no waiting prompt can share (a next turn needs the whole reply). With hundreds of
         # decodes in a step this keeps the pass to a field check per decode.
         chunks: list[tuple[Any, int, int]] = []
-        ids: list[str] = []
+        planned: list[tuple[str, int]] = []
+        kept = self._hits
         for rid, history, tokens, is_prefill in items:
             if not is_prefill:
                 continue
             req = requests.get(rid)
             if req is None:
                 break
-            chunks.append((req, history, tokens))
-            ids.append(rid)
+            # A waiting request is matched from its own lookup, not from a prefix an earlier
+            # plan of this step gave it.
+            entry = kept.get(rid) if req.num_computed_tokens == 0 else None
+            hit = entry[1] if entry is not None and entry[0] == req.num_tokens else history
+            chunks.append((req, min(hit, history), tokens))
+            planned.append((rid, history))
         if len(chunks) < 2:
             return {}
-        return {ids[k]: hit for k, hit in grown_at(chunks).items()}
+        found = grown_at(chunks)
+        out = {}
+        for k, (rid, history) in enumerate(planned):
+            hit = found.get(k, chunks[k][1])
+            if hit != history:
+                out[rid] = hit
+        return out

@@ -318,16 +318,19 @@ class CppRuntime:
     def _replan_for_shared_prefixes(self, hits: PrefixHits, scheduler: Any,
                                     head: list[Candidate], rest: WholeWalk | None,
                                     plan: StepPlan) -> StepPlan:
-        """Plan again while a waiting request of the plan will find more cached than its
-        lookup did, cached by requests before it in this step (prefix_hits.py). Each round
-        only lengthens histories, and a plan rarely holds more than one such request: two
-        rounds settle it; a third change would show as a plan mismatch."""
+        """Plan again while a waiting request of the plan will find another prefix than the
+        plan gave it, cached by requests before it in this step (prefix_hits.py). A plan
+        rarely holds more than one such request and two rounds usually settle it; but a new
+        plan may also give the request before it a chunk a block shorter (its cost at the
+        longer prefix moved the lead's share), and the rounds can go back and forth. What
+        vLLM does under the last plan's budget and cap is then walked out: each request's
+        prefix depends only on the chunks before it, so one pass per request settles it."""
         requests = scheduler.requests
         cap = compat.operator_prefill_cap(scheduler)
         for _ in range(_SHARED_PREFIX_REPLANS):
             grown = hits.grown_in_step(requests, plan.items)
             if not grown:
-                break
+                return plan
 
             def grow(walk: list[Candidate], grown: dict[str, int] = grown,
                      cap: int = cap) -> list[Candidate]:
@@ -351,8 +354,22 @@ class CppRuntime:
                     rest = longer_walk
             plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest)
             if plan.fallback:
+                return plan
+        grown = hits.grown_in_step(requests, plan.items)
+        if not grown:
+            return plan
+        walk = rest() if rest is not None else head
+        items = plan.items
+        for _ in range(len(items)):
+            walk = [c if c.req_id not in grown
+                    else _at_history(c, requests[c.req_id], grown[c.req_id], cap) for c in walk]
+            items = simulate(walk, plan.token_budget, plan.prefill_cap)
+            grown = hits.grown_in_step(requests, items)
+            if not grown:
                 break
-        return plan
+        return replace(plan, items=items,
+                       predicted_ms=self.manager.predict_ms([(i.history, i.tokens)
+                                                             for i in items]))
 
     def candidates(self, scheduler: Any) -> list[Candidate]:
         """Every request vLLM's walk may take this step, in walk order."""

@@ -182,6 +182,26 @@ def test_a_step_planned_again_for_cached_prefixes_keeps_its_phase_decision() -> 
     assert tally.mismatched_steps == 0 and tally.finished == len(reqs)
 
 
+def test_a_prefix_the_replanned_step_no_longer_caches_is_walked_out() -> None:
+    """Shrunk from the random run (hypothesis 6.170): two requests sharing a 64-token prefix
+    are admitted in one step. Planned at the prefix the first caches (4 blocks), the first
+    one's chunk came out a token shorter (3 blocks); planned at 3 blocks it came out long
+    again. The plans went back and forth, and the one sent to vLLM admitted the second
+    request at another prefix than planned. The last plan's budget and cap are now walked
+    out as vLLM walks them, each request at the prefix the chunks before it cache."""
+    shape = EngineShape(max_model_len=128, max_num_batched_tokens=256, max_num_seqs=5,
+                        block_size=16, num_blocks=23, prefix_caching=True,
+                        long_prefill_token_threshold=0, model="attention", target="base",
+                        min_chunk=None, online_calibration=False)
+    reqs = tuple(RequestSpec(arrive=0, prompt_len=1, max_tokens=1 + (i >= 5))
+                 for i in range(8)) + (
+        RequestSpec(arrive=4, prompt_len=65, max_tokens=1, document=1, prefix_len=64),
+        RequestSpec(arrive=4, prompt_len=126, max_tokens=1, document=1, prefix_len=64))
+    tally = check_pattern(Pattern(shape, reqs, seed=0))
+    assert tally.prefix_hits >= 1
+    assert tally.mismatched_steps == 0 and tally.finished == len(reqs), tally.report()
+
+
 def test_requests_admitted_together_are_planned_at_the_prefix_the_first_one_caches() -> None:
     """Four requests with one 300-token system prompt arrive at once: vLLM computes it for the
     first and the others, admitted in the same step, find it cached (their lookup before the

@@ -363,3 +363,34 @@ def test_new_costs_keep_the_head_and_its_target():
     # A new head is chosen for on its own.
     m.plan_step([Candidate("p1", 0, 2 * K, True)], max_budget=8 * K)
     assert m.auto.head == "p1"
+
+
+def test_a_step_planned_again_does_not_shift_the_decode_cycle():
+    # The runtime plans a step again when prefixes cached within it change the walk; vLLM
+    # still schedules one step, so the decodes auto forecasts for the coming steps must be
+    # the same as when the step was planned once (the manager's step count tells them apart).
+    model = LatencyModel(a=2.65e-6, b=0.021, c=0.65, gamma=3.6e-4, d=2.5e-6)
+
+    def run(plans_of_step_two: int) -> tuple[float, ProfilingChunkManager]:
+        m = ProfilingChunkManager(CoreSettings(base_chunk=8 * K, min_chunk=256, pp_size=3,
+                                               online_calibration=False, target_mode="auto"))
+        m.load_profile({"model": model.to_dict()})
+        many = [Candidate(f"d{i}", 30_000, 1, False) for i in range(12)]
+        few = [Candidate(f"e{i}", 2_000, 1, False) for i in range(2)]
+        m.plan_step(many + [Candidate("a", 0, 600, True)], max_budget=8 * K)
+        m.record_decodes(len(many))
+        for _ in range(plans_of_step_two):
+            m.plan_step(few + [Candidate("b", 0, 700, True)], max_budget=8 * K)
+        m.record_decodes(len(few))
+        m.plan_step([Candidate("c", 0, 20_000, True)], max_budget=8 * K)
+        return m.auto.target_ms, m
+
+    once, m = run(1)
+    twice, _ = run(2)
+    assert twice == pytest.approx(once)
+    # And it is the choice for this step's (no) decodes, then those of the two steps before.
+    auto = m.auto.auto
+    cycle = ((0.0, 0),
+             (sum(auto.decode_cost(30_000, 1) for _ in range(12)), 12),
+             (sum(auto.decode_cost(2_000, 1) for _ in range(2)), 2))
+    assert once == pytest.approx(auto.choose([(0, 20_000)], 8 * K, cycle).target_ms)

@@ -104,9 +104,11 @@ def _in_step(chunks) -> dict[int, int]:
         if req.num_computed_tokens:
             continue
         best = hit
-        for other, history, tokens in chunks[:k]:
+        for j, (other, other_hit, tokens) in enumerate(chunks[:k]):
             if req.doc is not None and other.doc == req.doc:
-                best = max(best, min(2000, history + tokens, req.num_tokens - 1))
+                # An earlier request computes from the prefix it found itself.
+                start = out.get(j, other_hit)
+                best = max(best, min(2000, start + tokens, req.num_tokens - 1))
         if best > hit:
             out[k] = best
     return out

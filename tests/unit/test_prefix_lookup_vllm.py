@@ -253,6 +253,39 @@ def test_in_step_growth_is_what_vllm_finds_after_the_earlier_allocations() -> No
     assert checked > 100 and grew > 10, (checked, grew)
 
 
+def test_in_step_growth_predicted_before_the_step_from_the_lookups() -> None:
+    """What the runtime does: one call before the step, every chunk at its own pre-step hit
+    (a request that grows computes from the prefix it finds, which a request after it may
+    share). Each prediction must equal vLLM's lookup when its walk reaches the request."""
+    rng = random.Random(8)
+    checked = grew = chained = 0
+    for _ in range(80):
+        manager = make_manager(num_blocks=400, events=False)
+        sched = Sched(manager)
+        lookup, grown = compat.prefix_cache_lookup(sched), compat.prefix_cache_in_step(sched)
+        assert lookup is not None and grown is not None
+        doc = [rng.randrange(1, 30000) for _ in range(400)]
+        if rng.random() < 0.5:
+            run_to_completion(manager, make_request("old", doc[:rng.randrange(1, 300)]))
+        reqs = [make_request(f"r{i}", doc[:rng.randrange(16, 400)]
+                             + [rng.randrange(30000, 40000) for _ in range(rng.randrange(1, 9))])
+                for i in range(rng.randrange(2, 6))]
+        plan = []
+        for req in reqs:
+            hit = lookup(req)
+            plan.append((req, hit, rng.randrange(1, req.num_tokens - hit + 1)))
+        predicted = grown(plan)
+        for k, (req, hit, n) in enumerate(plan):
+            blocks, truth, _ = manager.get_computed_blocks(req)
+            assert predicted.get(k, hit) == truth, (k, hit, predicted, truth)
+            checked += 1
+            grew += truth > hit
+            chained += truth > hit and any(j in predicted for j in range(k))
+            n = min(n, req.num_tokens - truth)
+            assert manager.allocate_slots(req, n, truth, blocks) is not None
+    assert checked > 150 and grew > 20 and chained > 5, (checked, grew, chained)
+
+
 def test_bisection_equals_vllm_under_random_churn() -> None:
     """The plain layout's lookup bisects the request's block hashes, which is exact only if
     a chain's cached blocks always form a run from its start. Random churn on a pool far too

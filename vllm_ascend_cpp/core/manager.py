@@ -115,6 +115,8 @@ class ProfilingChunkManager:
         # Decode tokens vLLM scheduled in each of the last S-1 steps, oldest first: the oldest
         # is the load of the next step's phase (a decode comes back S steps after it ran).
         self._phase_decodes: deque[int] = deque(maxlen=max(0, settings.pp_size - 1))
+        # Steps vLLM scheduled so far; the auto target tells a step planned again by it.
+        self._steps_recorded = 0
 
     # -- profiling ------------------------------------------------------------------------
 
@@ -228,7 +230,8 @@ class ProfilingChunkManager:
         if self.state in (CppState.READY, CppState.CALIBRATING):
             target = None
             if self.auto is not None:
-                target = self.auto.target_for(candidates, max_budget, max_requests)
+                target = self.auto.target_for(candidates, max_budget, max_requests,
+                                              step=self._steps_recorded)
             phases = self._phase_decodes
             next_phase = phases[0] if step_planner.BALANCE_PHASES and phases \
                 and len(phases) == phases.maxlen else None
@@ -253,6 +256,7 @@ class ProfilingChunkManager:
     def record_decodes(self, tokens: int) -> None:
         """The decode tokens vLLM scheduled in this step (called once per ``schedule()``:
         a step planned again for shared prefixes must not count twice)."""
+        self._steps_recorded += 1
         if self._phase_decodes.maxlen:
             self._phase_decodes.append(int(tokens))
 
