@@ -352,7 +352,8 @@ class CppRuntime:
                         return grow(whole())
 
                     rest = longer_walk
-            plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest)
+            plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest,
+                                          again=True)
             if plan.fallback:
                 return plan
         grown = hits.grown_in_step(requests, plan.items)

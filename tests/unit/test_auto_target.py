@@ -368,7 +368,7 @@ def test_new_costs_keep_the_head_and_its_target():
 def test_a_step_planned_again_does_not_shift_the_decode_cycle():
     # The runtime plans a step again when prefixes cached within it change the walk; vLLM
     # still schedules one step, so the decodes auto forecasts for the coming steps must be
-    # the same as when the step was planned once (the manager's step count tells them apart).
+    # the same as when the step was planned once.
     model = LatencyModel(a=2.65e-6, b=0.021, c=0.65, gamma=3.6e-4, d=2.5e-6)
 
     def run(plans_of_step_two: int) -> tuple[float, ProfilingChunkManager]:
@@ -379,8 +379,8 @@ def test_a_step_planned_again_does_not_shift_the_decode_cycle():
         few = [Candidate(f"e{i}", 2_000, 1, False) for i in range(2)]
         m.plan_step(many + [Candidate("a", 0, 600, True)], max_budget=8 * K)
         m.record_decodes(len(many))
-        for _ in range(plans_of_step_two):
-            m.plan_step(few + [Candidate("b", 0, 700, True)], max_budget=8 * K)
+        for k in range(plans_of_step_two):
+            m.plan_step(few + [Candidate("b", 0, 700, True)], max_budget=8 * K, again=k > 0)
         m.record_decodes(len(few))
         m.plan_step([Candidate("c", 0, 20_000, True)], max_budget=8 * K)
         return m.auto.target_ms, m

@@ -406,16 +406,13 @@ class AutoTargetTracker:
         # This step's decodes join ``_recent`` when the next step comes: a step planned again
         # (for prefixes cached within it) replaces them instead of counting twice.
         self._pending: tuple[float, int] | None = None
-        self._step: int | None = None
         self._decodes: tuple[tuple[float, int], ...] = ((0.0, 0),)
         self.choices_made = 0
 
     def target_for(self, candidates: Sequence[Candidate], max_budget: int,
-                   max_requests: int | None = None, step: int | None = None) -> float | None:
-        """This step's target, or None to leave the planner on its own target.
-
-        ``step`` numbers the engine's steps: a call with the number of the previous call plans
-        the same step again. Without it every call is a new step."""
+                   max_requests: int | None = None, again: bool = False) -> float | None:
+        """This step's target, or None to leave the planner on its own target; ``again`` when
+        the step of the previous call is planned again."""
         limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
                                                                         int(max_requests)))
         prefills: list[tuple[int, int]] = []
@@ -435,9 +432,9 @@ class AutoTargetTracker:
                     head = cand.req_id
                 prefills.append((cand.history, cand.remaining))
         now = (decode_ms, decode_tokens)
-        if self._pending is not None and (step is None or step != self._step):
+        if self._pending is not None and not again:
             self._recent.append(self._pending)
-        self._pending, self._step = now, step
+        self._pending = now
         # This step, then the decodes that rode S-1 steps ago, ..., then last step's.
         self._decodes = (now, *self._recent)
         if not prefills:
@@ -482,7 +479,6 @@ class AutoTargetTracker:
         new._decodes_seen = self._decodes_seen
         new._recent.extend(self._recent)
         new._pending = self._pending
-        new._step = self._step
         new._decodes = self._decodes
         new.choices_made = self.choices_made
         new._costs_changed = self.target_ms is not None

@@ -115,8 +115,6 @@ class ProfilingChunkManager:
         # Decode tokens vLLM scheduled in each of the last S-1 steps, oldest first: the oldest
         # is the load of the next step's phase (a decode comes back S steps after it ran).
         self._phase_decodes: deque[int] = deque(maxlen=max(0, settings.pp_size - 1))
-        # Steps vLLM scheduled so far; the auto target tells a step planned again by it.
-        self._steps_recorded = 0
 
     # -- profiling ------------------------------------------------------------------------
 
@@ -211,7 +209,8 @@ class ProfilingChunkManager:
 
     def plan_step(self, candidates: Sequence[Candidate], *, max_budget: int,
                   max_requests: int | None = None,
-                  rest: Callable[[], Sequence[Candidate]] | None = None) -> StepPlan:
+                  rest: Callable[[], Sequence[Candidate]] | None = None,
+                  again: bool = False) -> StepPlan:
         """This step's budget and cap; the fallback plan unless a model is in use.
 
         With ``rest``, ``candidates`` may be only the head of the walk (a long waiting queue
@@ -224,14 +223,15 @@ class ProfilingChunkManager:
         ``max_budget`` (:attr:`StepPlan.open_end`), or vLLM's walk left tokens of the budget
         unused. Such a step is planned again on the whole walk, so the
         plan is always the one the whole walk gives. The planner's walks keep no state; the
-        auto target reads only what the head holds.
+        auto target reads only what the head holds. ``again`` says that this is the step of
+        the previous call, planned again (cached prefixes grew within it): the auto target
+        then does not count its decodes twice.
         """
         self._steps_planned += 1
         if self.state in (CppState.READY, CppState.CALIBRATING):
             target = None
             if self.auto is not None:
-                target = self.auto.target_for(candidates, max_budget, max_requests,
-                                              step=self._steps_recorded)
+                target = self.auto.target_for(candidates, max_budget, max_requests, again)
             phases = self._phase_decodes
             next_phase = phases[0] if step_planner.BALANCE_PHASES and phases \
                 and len(phases) == phases.maxlen else None
@@ -256,7 +256,6 @@ class ProfilingChunkManager:
     def record_decodes(self, tokens: int) -> None:
         """The decode tokens vLLM scheduled in this step (called once per ``schedule()``:
         a step planned again for shared prefixes must not count twice)."""
-        self._steps_recorded += 1
         if self._phase_decodes.maxlen:
             self._phase_decodes.append(int(tokens))
 
