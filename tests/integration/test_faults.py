@@ -48,7 +48,11 @@ CALIB_REFIT_EVERY = 4
 RESCUE_WITHIN_STEPS = 200
 # A timed step's stage times reach the engine within this many steps (stage_times.py).
 STAGE_DELAY = 16
-RESCUE_WARNING = r"fit rejected: the timings are too noisy.*will turn dynamic chunking on"
+# The injected noise is rejected by the noise gate or, on a fast machine where the noise
+# swamps the whole rise across the sizes (seen on an Intel Xeon VM: rise 28.6 ms, noise
+# 29.6 ms), by the growth gate; either way the fit is refused and serving rescues it.
+RESCUE_WARNING = (r"fit rejected: (the timings are too noisy|latency barely grows with size)"
+                  r".*will turn dynamic chunking on")
 
 
 def _engine(workdir: Path, **cpp: object) -> dict:
