@@ -12,7 +12,8 @@ same rules as `bench_engine.py` (`bar_verdict`, `ratio_stats.ratio`).
 Provenance: a run's plugin code is the git tree of `vllm_ascend_cpp/` at the commit that last
 wrote its results file, or, for a file not committed yet, the working tree's (refused when
 `vllm_ascend_cpp/` has uncommitted changes). Runs of different code, or of a different
-workload (prompt and output length, mode, auto budget, policies), are refused.
+workload (mode, prompt and output length, auto budget), are refused; a bar row (setting,
+policy, baseline, metric) that some run lacks is left out.
 
     python benchmarks/pool_bars.py RUN.json RUN.json ... --out benchmarks/results/NAME
 Writes NAME.json and NAME.md.
@@ -42,10 +43,15 @@ def _git(*args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def _in_repo(path: Path) -> str:
+    """``path`` relative to the repository ("" when it lies outside)."""
+    full = path.resolve()
+    return str(full.relative_to(ROOT)) if full.is_relative_to(ROOT) else ""
+
+
 def plugin_tree(path: Path) -> str:
     """The git tree of ``vllm_ascend_cpp/`` the run at ``path`` was made with ("" unknown)."""
-    rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) \
-        else ""
+    rel = _in_repo(path)
     committed = rel and not _git("status", "--porcelain", "--", rel)
     commit = _git("log", "-1", "--format=%H", "--", rel) if committed else ""
     if commit:
@@ -135,8 +141,7 @@ def main() -> int:
     a = ap.parse_args()
     paths = [Path(p) for p in a.runs]
     runs = [json.loads(p.read_text()) for p in paths]
-    names = [str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
-             for p in paths]
+    names = [_in_repo(p) or str(p) for p in paths]
     try:
         res = pool(runs, names, [plugin_tree(p) for p in paths])
     except ValueError as e:
