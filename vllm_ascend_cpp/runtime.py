@@ -297,6 +297,19 @@ class CppRuntime:
             self._operator_max_budget = self.max_budget
         return self._operator_max_budget
 
+    def _in_flight_ms(self) -> list[float]:
+        """The planned cost of each step dispatched and not yet back, oldest first (only the
+        auto target's forecast reads them)."""
+        if self.manager.auto is None:
+            return []
+        out = []
+        for rec in self._pending.values():
+            ms = rec.plan.predicted_ms if rec.plan is not None else math.nan
+            if not math.isfinite(ms):
+                ms = self.manager.predict_ms([(h, n) for _, h, n, _ in rec.items])
+            out.append(ms)
+        return out
+
     def _cpp_plan(self, scheduler: Any) -> StepPlan | None:
         fixed = self.cfg.target == "fixed" and self.bench_policy is None
         if not self.active or fixed:
@@ -306,7 +319,8 @@ class CppRuntime:
         # The head holds the walk's first prefill whenever there is one (see _walk).
         if not any(c.is_prefill for c in head):
             return None  # decode-only steps: nothing to size, keep vLLM's budget
-        plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest)
+        plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest,
+                                      in_flight=self._in_flight_ms())
         hits = self.prefix_hits
         if hits is not None and hits.sees_in_step and not plan.fallback:
             plan = self._replan_for_shared_prefixes(hits, scheduler, head, rest, plan)
@@ -353,7 +367,7 @@ class CppRuntime:
 
                     rest = longer_walk
             plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest,
-                                          again=True)
+                                          again=True, in_flight=self._in_flight_ms())
             if plan.fallback:
                 return plan
         grown = hits.grown_in_step(requests, plan.items)

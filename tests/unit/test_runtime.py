@@ -188,3 +188,32 @@ def test_results_that_never_come_back_are_evicted_oldest_first(pp: int) -> None:
     for out in outputs[-pp:]:  # the steps still in flight are all kept
         rt.finished(out, model_output(2.0))
     assert fed == [2.0] * pp
+
+
+def test_steps_in_flight_reach_the_auto_target_oldest_first() -> None:
+    # The auto target's forecast starts from the steps dispatched and not yet back: each at
+    # its plan's predicted cost (a decode-only step, planned by nobody, at the model's), and
+    # a step leaves the list when its result comes in.
+    rt = make_runtime(target="auto")
+    seen: list[list[float]] = []
+    target_for = rt.manager.auto.target_for
+
+    def spy(candidates, max_budget, max_requests=None, again=False, in_flight=()):
+        seen.append(list(in_flight))
+        return target_for(candidates, max_budget, max_requests, again, in_flight)
+
+    rt.manager.auto.target_for = spy
+    p, d = vs.Req("p", 9000), vs.Req("d", 300, num_computed_tokens=305)
+    sched = vs.Scheduler032(vs.SchedulerConfig032(), running=[d, p])
+    plan = rt.plan(sched)
+    first = schedule(sched, {"p": plan.items[0].tokens, "d": 1})
+    rt.scheduled(sched, first, plan)
+    decode_only = schedule(sched, {"d": 1})
+    rt.scheduled(sched, decode_only, None)
+    rt.plan(sched)
+    assert seen[0] == []
+    assert seen[1] == [pytest.approx(plan.predicted_ms),
+                       pytest.approx(rt.manager.predict_ms([(306, 1)]))]
+    rt.finished(first, model_output(None))
+    rt.plan(sched)
+    assert seen[2] == [pytest.approx(rt.manager.predict_ms([(306, 1)]))]

@@ -12,14 +12,20 @@ last chunk plus ``S-1`` times the largest step so far. Only the drain after the 
 latency; the queue's own work fills the pipeline in between, so the best target grows with the
 queued work and, with enough of it, every chunk becomes as large as the token budget allows.
 
-Steps already in flight are left out of the forecast. Charging a queue the full ``(S-1)*m``
-of the largest step ``m`` since the pipeline last drained (as an earlier version did)
-overstates it: that step is already part way through the stages. It also made every target
-below ``m`` look equally good, so the search picked ``m`` again; in a closed loop of clients
-the pipeline never drains and the target only climbed. In the simulator that floor made auto
-lose to ``base`` in 51 of 384 cases at concurrency 2 and 4 (up to 8.5%), without it in 8 (up to
-2.2%); in prefill-only serving (no decodes, the queue never empty) it helped, and 3 of 24 such
-cells now lose, by up to 6.7% (``benchmarks/sim_auto_vs_base.py``, ``sim_seed_grid.py``).
+The forecast runs the steps through the pipeline as vLLM's engine does: at most ``S`` batches
+in flight (``EngineCore.step_with_batch_queue``), so a step enters stage 0 only once the step
+``S`` back has left the last stage, after the host time of its dispatch. That limit makes a fall
+in step cost expensive: on two stages the critical path runs over ``max(t_k, t_(k-1))`` for
+every step, so each fall is paid in full while stage 0 waits for a free slot. The
+closed form above has no such limit and charges nothing for it. The steps already in flight
+(their planned costs, from the runtime) start the forecast where a full pipeline holds them
+when the oldest batch has just come back: the newest on stage 1, the one before on stage 2, and
+so on. An earlier version left them out and used the closed form: a new head then saw no cost
+in starting below the large steps of the head before it, and under at most ``S`` batches in
+flight the stages idled until those drained (in the simulator, cheap per-step constant,
+concurrency 4, 16K prompts, two stages: 0.6% above ``base``, beyond the arrival noise). Charging
+every new head ``(S-1)`` times the largest step since the pipeline last drained (the version
+before that) overstated it instead, and in a closed loop of clients the target only climbed.
 
 Decodes ride in the coming steps in phases. Under pipeline parallelism a decode's next token
 can be scheduled only once its last one is back, ``S`` steps later, and vLLM's walk skips it
@@ -130,6 +136,26 @@ def decode_phases(decodes: DecodeLoad) -> tuple[tuple[float, int], ...]:
     return tuple(out) or ((0.0, 0),)
 
 
+def _pipeline_state(in_flight: Sequence[float], stages: int) -> tuple[list[float], deque]:
+    """Each stage's free time and the in-flight steps' completion times, from now.
+
+    The steps in flight (their planned costs, oldest first) are placed where a full pipeline
+    has them when the oldest batch has just come back: the newest on stage 1, the one before
+    on stage 2, and so on, each starting its stage now; stage 0 is free."""
+    free = [0.0] * stages
+    slots: deque[float] = deque()
+    steps = [float(t) for t in in_flight if math.isfinite(t) and t > 0][-(stages - 1):] \
+        if stages > 1 else []
+    m = len(steps)
+    for i, t in enumerate(steps):
+        end = 0.0
+        for s in range(m - i, stages):
+            end = max(end, free[s]) + t
+            free[s] = end
+        slots.append(end)
+    return free, slots
+
+
 class AutoTarget:
     """Chooses a step target for a prefill queue from the predictor's model; see module doc."""
 
@@ -150,11 +176,10 @@ class AutoTarget:
         self.ready = predictor.ready and m is not None
         if m is not None:
             self._c = m.c
-            # Host work between steps that the pipeline does not hide (scheduling, output
-            # handling) is paid per step like c, though no forward timing sees it.
+            # Host work between steps (scheduling, output handling) delays each dispatch; the
+            # forecast puts it on the dispatch path, where a full pipeline hides it.
             h = float(host_ms)
             self.host_ms = h if math.isfinite(h) and h > 0 else 0.0
-            self._c += self.host_ms
         base = predictor.target_ms
         self.base_target_ms = float(base) if base is not None else math.nan
 
@@ -169,7 +194,8 @@ class AutoTarget:
 
     def forecast(self, prefills: Sequence[tuple[int, int]], budget: int, target_ms: float,
                  give_up_at: float = math.inf,
-                 decodes: DecodeLoad = ((0.0, 0),)) -> tuple[float, int]:
+                 decodes: DecodeLoad = ((0.0, 0),),
+                 in_flight: Sequence[float] = ()) -> tuple[float, int]:
         """Mean predicted completion over the queue at ``target_ms``, and the step count.
 
         ``decodes`` is ``(cost without c, tokens)`` of the decodes riding in each coming
@@ -197,12 +223,13 @@ class AutoTarget:
         size = p.size
         root = p.root
         cost_of = p.model.sums_cost_ms
-        drain = self.stages - 1
+        S = self.stages
+        host = self.host_ms
+        free, slots = _pipeline_state(in_flight, S)
+        clock = 0.0
         n = len(prefills)
         done_sum = 0.0
         done = 0
-        total = 0.0
-        peak = 0.0
         steps = 0
         j = 0
         L, R = prefills[0]
@@ -248,15 +275,22 @@ class AutoTarget:
                 L += part
                 R -= part
             step = c + cost
-            total += step
-            if step > peak:
-                peak = step
+            # vLLM's engine keeps at most S batches in flight: when full it waits for the
+            # oldest to come back, then spends the host time and dispatches.
+            if len(slots) >= S:
+                clock = max(clock, slots.popleft())
+            clock += host
+            end = clock
+            for s in range(S):
+                end = max(end, free[s]) + step
+                free[s] = end
+            slots.append(end)
             steps += 1
             if finished:
-                done_sum += finished * (total + drain * peak)
+                done_sum += finished * end
                 done += finished
-            # Every request not yet done completes no earlier than ``total``.
-            if (done_sum + (n - done) * (total + drain * peak)) / n >= give_up_at:
+            # Every request not yet done completes no earlier than this step.
+            if (done_sum + (n - done) * end) / n >= give_up_at:
                 return math.inf, steps
         return done_sum / n, steps
 
@@ -268,7 +302,8 @@ class AutoTarget:
     # -- the choice -----------------------------------------------------------------------
 
     def choose(self, prefills: Sequence[tuple[int, int]], budget: int,
-               decodes: DecodeLoad = ((0.0, 0),)) -> AutoChoice | None:
+               decodes: DecodeLoad = ((0.0, 0),),
+               in_flight: Sequence[float] = ()) -> AutoChoice | None:
         """The best target for this queue (walk order), or None when there is nothing to do.
 
         ``decodes`` is the decodes riding in the coming steps, as :meth:`forecast` takes it."""
@@ -279,15 +314,17 @@ class AutoTarget:
         if not queue or budget < 1:
             return None
         dec = decode_phases(decodes)
+        flight = tuple(float(t) for t in in_flight if math.isfinite(t) and t > 0)
         key = (tuple((_bucket(L), _bucket(R)) for L, R in queue), budget,
-               tuple((_bucket(int(ms * 1000)), _bucket(tokens)) for ms, tokens in dec))
+               tuple((_bucket(int(ms * 1000)), _bucket(tokens)) for ms, tokens in dec),
+               tuple(_bucket(int(t * 1000)) for t in flight))
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
             self.cache_hits += 1
             return hit
         self.cache_misses += 1
-        choice = self._search(queue, budget, dec)
+        choice = self._search(queue, budget, dec, flight)
         self._cache[key] = choice
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
@@ -310,7 +347,8 @@ class AutoTarget:
         return low, high, guess, work
 
     def _search(self, queue: list[tuple[int, int]], budget: int,
-                dec: tuple[tuple[float, int], ...] = ((0.0, 0),)) -> AutoChoice:
+                dec: tuple[tuple[float, int], ...] = ((0.0, 0),),
+                flight: tuple[float, ...] = ()) -> AutoChoice:
         base_t = self.base_target_ms
         low, high, guess, work = self._bounds(queue, budget)
         # The grid is in prefill cost; the target also pays for the decodes riding along.
@@ -333,7 +371,7 @@ class AutoTarget:
             return AutoChoice(base_t, math.nan, base_t, math.nan, 0, len(queue))
         if len(queue) > 1:
             # Queued work only fills the pipeline: never go below the head's own best.
-            alone = self.choose(queue[:1], budget, dec)
+            alone = self.choose(queue[:1], budget, dec, flight)
             if alone is not None and math.isfinite(alone.target_ms) and alone.target_ms > 0:
                 least = alone.target_ms
                 L, R = queue[0]
@@ -349,7 +387,8 @@ class AutoTarget:
         # Largest first: few steps each, and a good ``best`` early lets the long forecasts of
         # small targets stop as soon as they cannot win.
         for t in sorted(set(candidates), reverse=True):
-            value, steps = self.forecast(queue, budget, t, give_up_at=best, decodes=dec)
+            value, steps = self.forecast(queue, budget, t, give_up_at=best, decodes=dec,
+                                         in_flight=flight)
             scored.append((value, steps, t))
             best = min(best, value)
         scored.sort(key=lambda s: s[2])
@@ -362,14 +401,14 @@ class AutoTarget:
                 for k in range(1, self.refine_points + 1):
                     t = left * step ** k
                     value, steps = self.forecast(queue, budget, t, give_up_at=best,
-                                                 decodes=dec)
+                                                 decodes=dec, in_flight=flight)
                     scored.append((value, steps, t))
                     best = min(best, value)
         value, steps, target = min(scored, key=lambda s: (s[0], -s[2]))
         base_value = math.nan
         if usable_base:
             base_value = next((v for v, _, t in scored if t == base_t), math.nan)
-        if len(queue) == 1 and decode_tokens == 0 and usable_base:
+        if len(queue) == 1 and decode_tokens == 0 and usable_base and not flight:
             # The lean forecast skips a few of the predictor's tail rules; for a lone prompt
             # the real plan decides, so auto can never predict worse than base.
             L, R = queue[0]
@@ -410,7 +449,8 @@ class AutoTargetTracker:
         self.choices_made = 0
 
     def target_for(self, candidates: Sequence[Candidate], max_budget: int,
-                   max_requests: int | None = None, again: bool = False) -> float | None:
+                   max_requests: int | None = None, again: bool = False,
+                   in_flight: Sequence[float] = ()) -> float | None:
         """This step's target, or None to leave the planner on its own target; ``again`` when
         the step of the previous call is planned again."""
         limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
@@ -450,7 +490,7 @@ class AutoTargetTracker:
             return self.target_ms
         self._decodes_seen = running
         self._costs_changed = False
-        choice = self.auto.choose(prefills, max_budget, self._decodes)
+        choice = self.auto.choose(prefills, max_budget, self._decodes, in_flight)
         self._remember(len(prefills), queued)
         if choice is None or not math.isfinite(choice.target_ms) or choice.target_ms <= 0:
             return self.target_ms if same_head else None

@@ -210,7 +210,7 @@ class ProfilingChunkManager:
     def plan_step(self, candidates: Sequence[Candidate], *, max_budget: int,
                   max_requests: int | None = None,
                   rest: Callable[[], Sequence[Candidate]] | None = None,
-                  again: bool = False) -> StepPlan:
+                  again: bool = False, in_flight: Sequence[float] = ()) -> StepPlan:
         """This step's budget and cap; the fallback plan unless a model is in use.
 
         With ``rest``, ``candidates`` may be only the head of the walk (a long waiting queue
@@ -231,7 +231,8 @@ class ProfilingChunkManager:
         if self.state in (CppState.READY, CppState.CALIBRATING):
             target = None
             if self.auto is not None:
-                target = self.auto.target_for(candidates, max_budget, max_requests, again)
+                target = self.auto.target_for(candidates, max_budget, max_requests, again,
+                                              in_flight)
             phases = self._phase_decodes
             next_phase = phases[0] if step_planner.BALANCE_PHASES and phases \
                 and len(phases) == phases.maxlen else None
@@ -425,7 +426,7 @@ class ProfilingChunkManager:
 
     @property
     def host_ms(self) -> float:
-        """The host time per step the auto target currently adds to ``c``."""
+        """The host time per step the auto target currently puts on each dispatch."""
         return self._host_ms_in_use
 
     def predict_ms(self, items: Sequence[tuple[int, int]]) -> float:
