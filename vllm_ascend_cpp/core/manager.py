@@ -375,7 +375,7 @@ class ProfilingChunkManager:
 
     def record_host_gap(self, gap_ms: float) -> None:
         """Wall time between two back-to-back prefill steps' results, minus the later step's
-        forward: the host's share of a step, which the auto target pays per step like ``c``.
+        forward: the host's share of a step, which the auto target puts on each dispatch.
         The auto target is rebuilt when the median moves by more than a quarter."""
         try:
             gap = float(gap_ms)
@@ -392,7 +392,7 @@ class ProfilingChunkManager:
             self.use_host_ms(host)
 
     def use_host_ms(self, host_ms: float) -> None:
-        """Set the host time per step the auto target adds to ``c`` (the simulator sets it;
+        """Set the host time per step the auto target puts on each dispatch (the simulator sets it;
         a serving engine learns it through :meth:`record_host_gap`)."""
         host = float(host_ms)
         self._host_ms_in_use = host if math.isfinite(host) and host > 0 else 0.0
