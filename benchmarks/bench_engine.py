@@ -63,7 +63,7 @@ from benchmarks.engine_setup import (  # noqa: E402
 )
 from vllm_ascend_cpp.config import CppConfig  # noqa: E402
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
-from vllm_ascend_cpp.testing.cpu_env import set_cpu_env  # noqa: E402
+from vllm_ascend_cpp.testing.cpu_env import native_dtype, set_cpu_env  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
 
@@ -550,6 +550,7 @@ def markdown(table: dict, meta: dict) -> str:
              f"Prompt {meta['prompt_len']} tokens, output {meta['output_len']}, "
              f"{meta['reps']} interleaved rounds; attention share of the last chunk at the "
              f"default budget: {meta['attention_share']:.0%}."
+             + (f" Engine dtype {meta['dtype']}." if meta.get("dtype") else "")
              + (f" Wall time {meta['wall_s'] / 60:.0f} min." if meta.get("wall_s") else ""), "",
              ("Mode: **one engine** serves every policy (fixed budgets emulated as a per-step "
               "budget on the same engine, see the script's docstring)." if one else
@@ -698,6 +699,8 @@ def main() -> int:
                     help="only re-render this results JSON's Markdown (and intervals)")
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--kv-gib", type=int, default=6)
+    ap.add_argument("--dtype", default=None,
+                    help="engine dtype (default: bfloat16, float32 on x86 without AVX-512)")
     ap.add_argument("--out", default=None,
                     help="output stem (default benchmarks/results/engine_bench, "
                          "engine_bench_one_engine with --one-engine)")
@@ -737,7 +740,7 @@ def main() -> int:
         "mode": "one-engine" if args.one_engine else "per-engine",
         "wall_s": round(time.perf_counter() - t0, 1),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
-        "auto_budget": args.auto_budget,
+        "auto_budget": args.auto_budget, "dtype": args.dtype or native_dtype(),
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cpu_env import set_cpu_env
+from .cpu_env import native_dtype, set_cpu_env
 from .tiny_model import write_tiny_llama
 
 
@@ -27,8 +27,9 @@ class EngineSpec:
     cpp_config: dict | None = None
     enable_prefix_caching: bool = False
     # float32 in correctness tests: chunk boundaries change the order of floating-point sums,
-    # and bfloat16's rounding would turn that into near-tie flips of greedy tokens.
-    dtype: str = "bfloat16"
+    # and bfloat16's rounding would turn that into near-tie flips of greedy tokens. Elsewhere
+    # bfloat16 unless this CPU lacks a fast path for it (cpu_env.native_dtype).
+    dtype: str = field(default_factory=native_dtype)
     model_overrides: dict = field(default_factory=dict)
     # With the tiny word-level tokenizer vLLM warms up its chat template (which fails, with a
     # traceback in the log, when the tokenizer is skipped); token-id prompts work either way.
