@@ -136,17 +136,24 @@ def prefill_cv_and_bubbles(trace: list[dict], stages: int) -> dict:
     return {"prefill_steps": len(times), "cv": cv, "bubble_fraction": bubbles}
 
 
+def cell_lengths(args: argparse.Namespace, k: int, variable: bool,
+                 rnd: int) -> tuple[list[int], random.Random]:
+    """The prompt lengths of one cell and round, and the generator that then seeds the
+    prompts' tokens (the simulator's replay of a run takes the lengths alone)."""
+    rng = random.Random(1000 * rnd + k + (7 if variable else 0))
+    lens = [
+        int(args.prompt_len * rng.uniform(0.5, 1.5)) if variable else args.prompt_len
+        for _ in range(args.requests_per_client * k)
+    ]
+    return [min(n, args.max_model_len - args.output_len - 1) for n in lens], rng
+
+
 def cells(args: argparse.Namespace, rnd: int) -> list[tuple[str, int, list[list[int]]]]:
     """(key, concurrency, prompts) of one round; every policy of the round gets these."""
     out = []
     for k in args.concurrency:
         for variable in (False, True) if args.variable else (False,):
-            rng = random.Random(1000 * rnd + k + (7 if variable else 0))
-            lens = [
-                int(args.prompt_len * rng.uniform(0.5, 1.5)) if variable else args.prompt_len
-                for _ in range(args.requests_per_client * k)
-            ]
-            lens = [min(n, args.max_model_len - args.output_len - 1) for n in lens]
+            lens, rng = cell_lengths(args, k, variable, rnd)
             prompts = [harness.token_prompt(n, seed=rng.randrange(1 << 30)) for n in lens]
             out.append((f"c{k}-{'var' if variable else 'fixed'}", k, prompts))
     return out
@@ -669,7 +676,7 @@ def render(path: str, out: str | None) -> int:
     return 0
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt-len", type=int, default=16384)
     ap.add_argument("--output-len", type=int, default=128)
@@ -704,6 +711,11 @@ def main() -> int:
     ap.add_argument("--out", default=None,
                     help="output stem (default benchmarks/results/engine_bench, "
                          "engine_bench_one_engine with --one-engine)")
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     args = ap.parse_args()
     if args.render:
         return render(args.render, args.out)

@@ -1,0 +1,66 @@
+"""benchmarks/sim_engine_run.py: a real-engine A/B's cells replayed in the simulator."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import sim_engine_run as ser
+from benchmarks.bench_engine import build_parser, cell_lengths, cells
+from vllm_ascend_cpp.core import LatencyModel
+from vllm_ascend_cpp.sim import EngineSpec, Workload, load_profile, simulate_policy
+
+MODEL = LatencyModel(a=2.6e-6, b=0.021, c=0.65, gamma=3.6e-4, d=2.5e-6)
+COMMAND = ("python benchmarks/bench_engine.py --one-engine --reps 2 --concurrency 2 "
+           "--requests-per-client 2 --variable --prompt-len 4096 --output-len 8 "
+           "--only fixed-1024 cpp-base-512 cpp-auto-8192")
+
+
+def results() -> dict:
+    names = ["fixed-1024", "cpp-base-512", "cpp-auto-8192"]
+    ttft = {"fixed-1024": [100.0, 200.0], "cpp-base-512": [100.0, 100.0],
+            "cpp-auto-8192": [110.0, 90.0]}
+    return {"meta": {"command": COMMAND, "reps": 2, "coefficients": MODEL.to_dict(),
+                     "startup_coefficients": MODEL.to_dict()},
+            "table": {cell: {n: {"ttft_per_rep_ms": ttft[n]} for n in names}
+                      for cell in ("c2-fixed", "c2-var")}}
+
+
+def test_cell_lengths_are_the_ones_the_bench_sends() -> None:
+    args = build_parser().parse_args(COMMAND.split()[2:])
+    for rnd in range(2):
+        sent = {key: [len(p) for p in prompts] for key, _, prompts in cells(args, rnd)}
+        assert sent["c2-fixed"] == cell_lengths(args, 2, False, rnd)[0] == [4096] * 4
+        assert sent["c2-var"] == cell_lengths(args, 2, True, rnd)[0]
+        assert len(set(sent["c2-var"])) > 1
+
+
+def test_replay_pairs_rounds_and_replays_each_policys_arrivals(tmp_path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(results()))
+    out = tmp_path / "sim"
+    assert ser.main([str(path), "--host-ms", "0", "2", "--out", str(out)]) == 0
+    rows = json.loads((out.with_suffix(".json")).read_text())["rows"]
+    assert [(r["cell"], r["host_ms"]) for r in rows] == [
+        ("c2-fixed", 0.0), ("c2-var", 0.0), ("c2-fixed", 2.0), ("c2-var", 2.0)]
+    # Measured ratios pair the rounds: sqrt(1.1 * 0.9) against base, sqrt(1.1 * 0.45) fixed.
+    assert rows[0]["measured_auto_vs_base"] == pytest.approx(math.sqrt(1.1 * 0.9))
+    assert rows[0]["measured_auto_vs_fixed"] == pytest.approx(math.sqrt(1.1 * 0.45))
+    # One figure against the simulator run directly: fixed prompts (alike in both rounds),
+    # auto and base both on base's closed-loop arrival times.
+    args = build_parser().parse_args(COMMAND.split()[2:])
+    lens = tuple(cell_lengths(args, 2, False, 0)[0])
+    engine = EngineSpec(stages=2, model=MODEL, sched_ms=2.0)
+    wl = Workload(concurrency=2, prompt_len=max(lens), output_len=8, prompts=lens)
+    info = load_profile({"coefficients": MODEL.to_dict(), "pp_size": 2})
+    base, auto = info.policy("cpp-base", 512), info.policy("cpp-auto", 8192)
+    arrivals = simulate_policy(engine, base, wl).arrival_ms
+    on_base = Workload(concurrency=2, prompt_len=max(lens), output_len=8, prompts=lens,
+                       arrivals_ms=tuple(arrivals))
+    direct = (simulate_policy(engine, auto, on_base).mean_ttft_ms
+              / simulate_policy(engine, base, on_base).mean_ttft_ms)
+    assert rows[2]["same_arrivals_auto_vs_base"]["cpp-base-512"] == pytest.approx(direct)
+    text = out.with_suffix(".md").read_text()
+    assert "cpp-auto-8192's arrivals" in text and "| 2 | c2-var |" in text
