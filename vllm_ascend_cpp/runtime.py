@@ -85,13 +85,10 @@ class StepRecord:
     timed: bool
     state: str
     preempted: tuple[str, ...] = ()  # requests vLLM preempted (KV cache full) for this step
-    scheduled_at: float = 0.0  # step clock (s) when vLLM's schedule() returned it
+    scheduled_at: float = 0.0  # time.monotonic() when vLLM's schedule() returned it
     # None without a plan; else whether vLLM scheduled exactly the plan, and if not, why.
     matched: bool | None = None
     mismatch: str | None = None
-    # The engine thread's time from the latest result to this step's dispatch (ms), when
-    # steps were still in flight; None otherwise.
-    host_ms: float | None = None
 
 
 def scheduled_items(requests: Mapping[str, Any],
@@ -184,10 +181,8 @@ class CppRuntime:
         self.plan_mismatches = 0
         self.steps_planned = 0
         self.steps_timed = 0
-        self._result_at: float | None = None  # step_clock() of the latest step result
-        # Seconds at which steps are dispatched and results come back; the simulator sets its
-        # own (None: time.monotonic).
-        self.step_clock: Callable[[], float] | None = None
+        self._last_finish: float | None = None
+        self._last_had_prefill = False
         # Benchmark-only policy override (set_bench_policy); None for every served engine.
         self.bench_policy: BenchPolicy | None = None
         # The prefix lookup while a benchmark switched it off (set_bench_prefix_lookup).
@@ -511,7 +506,6 @@ class CppRuntime:
         # First, before anything that may fail: what is kept about waiting requests must not
         # outlive their scheduling (ScheduledBefore, PrefixHits).
         self.left_waiting(output.num_scheduled_tokens, compat.finished_request_ids(output))
-        result_at, self._result_at = self._result_at, None
         faults.hot_path("record")
         self._step += 1
         if self._step_fault is not None:
@@ -535,9 +529,8 @@ class CppRuntime:
             setattr(output, compat.TIME_STEP_ATTR, self._step)
         rec = StepRecord(
             self._step, items, plan, timed, self.manager.state.value,
-            preempted, self._step_time(), matched, mismatch,
+            preempted, time.monotonic(), matched, mismatch,
         )
-        self._host_time(rec, result_at)
         self._pending[id(output)] = rec
         while len(self._pending) > self._pending_cap:
             del self._pending[next(iter(self._pending))]
@@ -546,11 +539,11 @@ class CppRuntime:
     def finished(self, output: Any, model_output: Any) -> bool | None:
         """The step's result is back: feed calibration, write the trace, maybe log.
         True when there was a recorded step to finish."""
-        self._result_at = self._step_time()
         rec = self._pending.pop(id(output), None)
         if rec is None:
             return None
         last_ms = compat.read_step_ms(model_output) if rec.timed else None
+        self._host_gap(rec, last_ms)
         line = self.trace.line_for(rec, last_ms, self.manager) if self.trace is not None \
             else None
         entry = [line, not rec.timed]
@@ -615,18 +608,18 @@ class CppRuntime:
             if self.trace is not None and line is not None:
                 self.trace.write_line(line)
 
-    def _step_time(self) -> float:
-        return self.step_clock() if self.step_clock is not None else time.monotonic()
-
-    def _host_time(self, rec: StepRecord, result_at: float | None) -> None:
-        # vLLM's batch queue dispatches a step once the oldest result is back and handled:
-        # from that result to this dispatch the stages wait for the engine thread (output
-        # handling, new requests, scheduling, our planning). Only while other steps are in
-        # flight: with none, the thread may have been idle waiting for requests.
-        if result_at is None or not self._pending:
-            return
-        rec.host_ms = (rec.scheduled_at - result_at) * 1000.0
-        self.manager.record_host_ms(rec.host_ms)
+    def _host_gap(self, rec: StepRecord, measured: float | None) -> None:
+        # Only between prefill steps the pipeline ran back to back (this one was scheduled
+        # before the previous result came in): then the wall time between the two results is
+        # the step's forward plus whatever host work the pipeline did not hide.
+        now = time.monotonic()
+        has_prefill = any(pre for *_, pre in rec.items)
+        last = self._last_finish
+        if (measured is not None and has_prefill and self._last_had_prefill
+                and last is not None and rec.scheduled_at < last):
+            self.manager.record_host_gap((now - last) * 1000.0 - measured)
+        self._last_finish = now
+        self._last_had_prefill = has_prefill
 
     # ----- logs ----------------------------------------------------------------------------
 

@@ -65,8 +65,6 @@ class TraceWriter:
             "prefill_cap": plan.prefill_cap if plan is not None else None,
             "predicted_ms": _finite(plan.predicted_ms) if plan is not None else None,
             "measured_ms": _finite(measured_ms),
-            # The engine thread's time from the latest result to this dispatch (runtime.py).
-            "host_ms": _finite(getattr(rec, "host_ms", None)),
         }
         matched = getattr(rec, "matched", None)
         line["plan_matched"] = matched

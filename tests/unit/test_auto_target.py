@@ -223,7 +223,7 @@ def test_host_time_is_paid_on_the_dispatch_path(stages):
         assert AutoTarget(p, 2, host_ms=bad).host_ms == 0.0
 
 
-def test_manager_learns_host_time_per_dispatch():
+def test_manager_learns_host_time_from_back_to_back_steps():
     model = LatencyModel(a=2.7e-6, b=0.022, c=1.0, d=2.7e-6)
     settings = dict(base_chunk=8 * K, min_chunk=256, pp_size=2, online_calibration=False,
                     reference_prompt_len=16 * K)
@@ -233,9 +233,9 @@ def test_manager_learns_host_time_per_dispatch():
         m.load_profile({"model": model.to_dict()})
     cands = [Candidate("p0", 0, 16 * K, True)]
     before = auto.plan_step(cands, max_budget=8 * K)
-    for ms in [3.9, 4.1, -2.0, 4.0, 4.0, math.nan, 4.2, 3.8, 4.0, 4.0]:
-        auto.record_host_ms(ms)
-        base.record_host_ms(ms)
+    for gap in [3.9, 4.1, -2.0, 4.0, 4.0, math.nan, 4.2, 3.8, 4.0, 4.0]:
+        auto.record_host_gap(gap)
+        base.record_host_gap(gap)
     assert auto.host_ms == pytest.approx(4.0, abs=0.11)
     assert auto.summary()["host_ms_per_step"] == auto.host_ms
     assert base.host_ms == 0.0  # the base target does not trade steps against overhead
@@ -243,7 +243,7 @@ def test_manager_learns_host_time_per_dispatch():
     assert after.prefill_cap > before.prefill_cap  # fewer, larger steps
     # A small wobble does not rebuild the tracker (its cache would be lost for nothing).
     tracker = auto.auto
-    auto.record_host_ms(4.3)
+    auto.record_host_gap(4.3)
     assert auto.auto is tracker
 
 

@@ -15,7 +15,7 @@ from tests.fakes import vllm_shapes as vs
 from vllm_ascend_cpp import compat, runtime
 from vllm_ascend_cpp.config import CppConfig, EngineFacts
 from vllm_ascend_cpp.core import Candidate, CppState
-from vllm_ascend_cpp.runtime import PENDING_DEPTHS, CppRuntime, StepRecord
+from vllm_ascend_cpp.runtime import PENDING_DEPTHS, CppRuntime
 
 MODEL = {"a": 1e-7, "b": 0.02, "c": 30.0}
 
@@ -128,43 +128,46 @@ def test_an_untimed_step_feeds_nothing() -> None:
     assert rt.steps_timed == 0
 
 
-def test_host_time_runs_from_a_result_to_the_next_dispatch_while_steps_are_in_flight(
-        clock: Clock) -> None:
-    """As vLLM's batch queue runs: the engine thread dispatches the next step once the oldest
-    result is back and handled. That stretch is the host time; an idle engine's wait for
-    requests is not."""
+def test_host_gap_only_between_back_to_back_timed_prefill_steps(clock: Clock) -> None:
     rt = make_runtime()
-    rt.manager.should_time_step = lambda *_: False  # timed or not, every dispatch counts
-    host: list[float] = []
-    rt.manager.record_host_ms = host.append
+    rt.manager.should_time_step = lambda *_: True
+    gaps: list[float] = []
+    rt.manager.record_host_gap = gaps.append
     sched = SimpleNamespace(requests={"p": vs.Req("p", 100000), "d": vs.Req("d", 10, 12)})
 
-    def step(tokens: dict[str, int]) -> tuple[SchedulerOutput, StepRecord]:
+    def step(tokens: dict[str, int]) -> SchedulerOutput:
         out = schedule(sched, tokens)
-        return out, rt.scheduled(sched, out, None)
+        rt.scheduled(sched, out, None)
+        return out
 
-    (first, _), (second, _) = step({"p": 1024}), step({"p": 1024})
-    assert host == []  # no result yet: the pipeline was filling
+    first = step({"p": 1024})
+    second = step({"p": 1024})  # scheduled while the first is in flight: back to back
     clock.now += 0.050
-    rt.finished(first, model_output(None))
-    clock.now += 0.006
-    third, rec3 = step({"d": 1})  # a decode-only step counts too: the thread's work is alike
-    assert host == [pytest.approx(6.0)] and rec3.host_ms == pytest.approx(6.0)
-    clock.now += 0.030
-    rt.finished(second, model_output(None))
-    clock.now += 0.004
-    fourth, _ = step({"p": 1024})
-    clock.now += 0.002
-    fifth, rec5 = step({"p": 512})  # a second dispatch after the same result measures nothing
-    assert host == [pytest.approx(6.0), pytest.approx(4.0)] and rec5.host_ms is None
+    rt.finished(first, model_output(40.0))
+    assert gaps == []  # no earlier result to measure from
+    clock.now += 0.045
+    rt.finished(second, model_output(40.0))
+    assert gaps == [pytest.approx(45.0 - 40.0)]
 
-    # The pipeline drains; the next step comes after a wait for new requests: not host time.
-    for out in (third, fourth, fifth):
-        clock.now += 0.020
-        rt.finished(out, model_output(None))
-    clock.now += 2.0
-    _, rec = step({"p": 1024})
-    assert rec.host_ms is None and len(host) == 2
+    # Scheduled only after the previous result came back: the pipeline ran dry, no gap.
+    third = step({"p": 1024})
+    clock.now += 0.080
+    rt.finished(third, model_output(40.0))
+    assert len(gaps) == 1
+
+    # Back to back again, but the later step is decode-only, or untimed: no gap either.
+    a, b = step({"p": 1024}), step({"d": 1})
+    clock.now += 0.040
+    rt.finished(a, model_output(40.0))
+    clock.now += 0.040
+    rt.finished(b, model_output(5.0))
+    c, d = step({"p": 1024}), step({"p": 1024})
+    rt.manager.should_time_step = lambda *_: False
+    clock.now += 0.040
+    rt.finished(c, model_output(40.0))
+    clock.now += 0.040
+    rt.finished(d, model_output(None))
+    assert len(gaps) == 1
 
 
 @pytest.mark.parametrize("pp", [2, 4])

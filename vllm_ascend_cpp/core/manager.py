@@ -56,11 +56,11 @@ DECODE_TIMING_PERIOD = 16
 TIMING_ERROR_THRESHOLD = 0.10
 _RECENT_ERRORS = 64
 _RECENT_EVENTS = 64
-# Host times per step: the median of this many recent ones, once this many are in, rebuilt
-# when it moves by more than this fraction.
-_HOST_WINDOW = 64
-_HOST_MIN = 8
-_HOST_CHANGE = 0.25
+# Host gaps: the median of this many recent ones, once this many are in, rebuilt when it moves
+# by more than this fraction.
+_HOST_GAP_WINDOW = 64
+_HOST_GAP_MIN = 8
+_HOST_GAP_CHANGE = 0.25
 # Timed steps whose median measured/predicted ratio scales the model in use (core/speed.py).
 SPEED_WINDOW = 16
 
@@ -89,8 +89,8 @@ class ProfilingChunkManager:
             min_chunk=settings.min_chunk, block_size=settings.block_size)
         self.planner = StepPlanner(self.predictor)
         self.auto: AutoTargetTracker | None = None
-        # The engine thread's time from a result to the next dispatch, per step (ms).
-        self._host_times: deque[float] = deque(maxlen=_HOST_WINDOW)
+        # Per-step host time between back-to-back prefill steps, beyond the forward (ms).
+        self._host_gaps: deque[float] = deque(maxlen=_HOST_GAP_WINDOW)
         self._host_ms_in_use = 0.0
         self.calibrator: OnlineCalibrator | None = (
             OnlineCalibrator(window=settings.calibration_window,
@@ -373,27 +373,27 @@ class ProfilingChunkManager:
             raise RuntimeError(f"cannot {action} in state {self.state.value} "
                                f"(expected {state.value})")
 
-    def record_host_ms(self, host_ms: float) -> None:
-        """The engine thread's time from a step's result to the next step's dispatch, which
-        the auto target puts on each dispatch. The auto target is rebuilt when the median
-        moves by more than a quarter."""
+    def record_host_gap(self, gap_ms: float) -> None:
+        """Wall time between two back-to-back prefill steps' results, minus the later step's
+        forward: the host's share of a step, which the auto target puts on each dispatch.
+        The auto target is rebuilt when the median moves by more than a quarter."""
         try:
-            ms = float(host_ms)
+            gap = float(gap_ms)
         except (TypeError, ValueError):
             return
-        if not math.isfinite(ms):
+        if not math.isfinite(gap):
             return
-        self._host_times.append(max(0.0, ms))
-        if len(self._host_times) < _HOST_MIN or self.settings.target_mode != "auto":
+        self._host_gaps.append(max(0.0, gap))
+        if len(self._host_gaps) < _HOST_GAP_MIN or self.settings.target_mode != "auto":
             return
-        host = float(np.median(self._host_times))
+        host = float(np.median(self._host_gaps))
         used = self._host_ms_in_use
-        if abs(host - used) > _HOST_CHANGE * max(used, 0.25):
+        if abs(host - used) > _HOST_GAP_CHANGE * max(used, 0.25):
             self.use_host_ms(host)
 
     def use_host_ms(self, host_ms: float) -> None:
         """Set the host time per step the auto target puts on each dispatch (the simulator sets it;
-        a serving engine learns it through :meth:`record_host_ms`)."""
+        a serving engine learns it through :meth:`record_host_gap`)."""
         host = float(host_ms)
         self._host_ms_in_use = host if math.isfinite(host) and host > 0 else 0.0
         if self.auto is not None:
@@ -414,12 +414,12 @@ class ProfilingChunkManager:
         if self.model is not None:
             self.predictor = self.predictor.with_model(self.model.scaled(self.speed.value))
         self.planner = StepPlanner(self.predictor)
-        # A separate auto engine learns its host time from its own steps; these come from
-        # the same engine, so the auto target starts from what they say.
+        # A separate auto engine learns its host time from its own gaps; these gaps come
+        # from the same engine, so the auto target starts from what they say.
         if settings.target_mode != "auto":
             self._host_ms_in_use = 0.0  # only the auto target learns and uses it
-        elif len(self._host_times) >= _HOST_MIN:
-            self._host_ms_in_use = float(np.median(self._host_times))
+        elif len(self._host_gaps) >= _HOST_GAP_MIN:
+            self._host_ms_in_use = float(np.median(self._host_gaps))
         self.auto = (AutoTargetTracker(AutoTarget(self.predictor, settings.pp_size,
                                                   host_ms=self._host_ms_in_use))
                      if settings.target_mode == "auto" and self.predictor.ready else None)

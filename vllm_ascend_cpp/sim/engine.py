@@ -291,8 +291,6 @@ class SimResult:
     timeline: Timeline | None = None
     # Submission time of each request (ms), in prompt order: Workload.arrivals_ms replays them.
     arrival_ms: list[float] = field(default_factory=list)
-    # The host time per step the plugin's runtime planned with at the end (0 without one).
-    host_ms: float = 0.0
 
     @property
     def mean_ttft_ms(self) -> float:
@@ -378,10 +376,6 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
     scale = engine.stage_scale or (1.0,) * S
     rng = np.random.default_rng(engine.seed)
     runtime = build_runtime(engine, policy) if policy.kind != "fixed" else None
-    if runtime is not None:
-        # The runtime times dispatches and results on the simulated clock, so what it learns
-        # as host time per step is this simulation's dispatch time.
-        runtime.step_clock = lambda: now / 1000.0
     sched = SimScheduler(policy.budget, engine.max_num_seqs)
     local_tokens = workload.output_len if workload.decode == "engine" else 1
     lengths = workload.prompt_lengths()
@@ -498,8 +492,7 @@ def simulate_policy(engine: EngineSpec, policy: Policy, workload: Workload,
         prefill_step_cv=cv([s.stage_ms for s in spans if s.has_prefill]),
         bubble_fraction=tl.bubble_fraction(), steps=steps, prefill_steps=prefill_steps,
         plan_mismatches=runtime.plan_mismatches if runtime is not None else 0,
-        targets_ms=targets, arrival_ms=[r.arrival_ms for r in all_reqs],
-        host_ms=runtime.manager.host_ms if runtime is not None else 0.0)
+        targets_ms=targets, arrival_ms=[r.arrival_ms for r in all_reqs])
     if timeline is not None:
         result.timeline = tl
     return result

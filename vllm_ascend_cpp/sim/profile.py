@@ -175,14 +175,9 @@ def _decode_items(line: Mapping) -> list[tuple[int, int]] | None:
 
 
 def host_ms_from_trace(lines: Sequence[Mapping]) -> float:
-    """Median host time per step, the simulator's ``sched_ms``: the lines' ``host_ms`` (the
-    engine thread's time from a result to the next dispatch). Traces written before that field
-    give the wall time between two consecutive busy steps' lines minus the later step's
-    measured forward (what the pipeline did not hide; 0 when the trace has no such pair)."""
-    direct = [float(ln["host_ms"]) for ln in lines
-              if isinstance(ln, Mapping) and isinstance(ln.get("host_ms"), (int, float))]
-    if direct:
-        return max(0.0, float(np.median(direct)))
+    """Median host time per step: wall time between two consecutive prefill steps' trace
+    lines minus the later step's measured forward (what the pipeline did not hide; 0 when the
+    trace has no such pair). The simulator's ``sched_ms``."""
     gaps = []
     prev = None
     for ln in lines:
