@@ -717,6 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     ap = build_parser()
     args = ap.parse_args()
+    # Resolved once: the engines (engine_setup) and the results' meta read this value.
+    args.dtype = args.dtype or native_dtype()
     if args.render:
         return render(args.render, args.out)
     if args.multiturn:
@@ -752,7 +754,7 @@ def main() -> int:
         "mode": "one-engine" if args.one_engine else "per-engine",
         "wall_s": round(time.perf_counter() - t0, 1),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
-        "auto_budget": args.auto_budget, "dtype": args.dtype or native_dtype(),
+        "auto_budget": args.auto_budget, "dtype": args.dtype,
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],

@@ -11,8 +11,6 @@ import argparse
 import json
 from pathlib import Path
 
-from vllm_ascend_cpp.testing.cpu_env import native_dtype
-
 # A wider MLP than the test model: attention is then 50-80% of the last chunk's cost at 16k
 # (printed from the fitted profile), instead of ~95% with the tiny test model.
 BENCH_MODEL = {"intermediate_size": 4096, "num_hidden_layers": 2}
@@ -23,8 +21,7 @@ def engine_kwargs(args: argparse.Namespace, model_dir: Path, budget: int, cpp: d
         model=str(model_dir), load_format="dummy", skip_tokenizer_init=True,
         pipeline_parallel_size=2, enforce_eager=True, enable_chunked_prefill=True,
         max_num_batched_tokens=budget, max_model_len=args.max_model_len,
-        max_num_seqs=16, dtype=getattr(args, "dtype", None) or native_dtype(),
-        enable_prefix_caching=False,
+        max_num_seqs=16, dtype=args.dtype, enable_prefix_caching=False,
         distributed_executor_backend="mp", seed=0,
         additional_config={"cpp_config": cpp},
     )

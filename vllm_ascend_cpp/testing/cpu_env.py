@@ -61,7 +61,10 @@ def native_dtype() -> str:
         import torch
     except ImportError:
         return "bfloat16"
-    if platform.machine().lower() in ("x86_64", "amd64") and not torch.cpu._is_avx512_supported():
+    # A private torch helper (vLLM's CPU platform reads it too); without it, keep bfloat16.
+    has_avx512 = getattr(torch.cpu, "_is_avx512_supported", None)
+    if platform.machine().lower() in ("x86_64", "amd64") and has_avx512 is not None \
+            and not has_avx512():
         return "float32"
     return "bfloat16"
 
