@@ -90,12 +90,13 @@ def ratios(model: LatencyModel, concurrency: int, prompt_len: int, host_ms: floa
 
 def case_runs(model: LatencyModel, concurrency: int, prompt_len: int, host_ms: float,
               stages: int, num_requests: int | None = None, seed: int = 0,
-              draws: int = 1, extra: dict | None = None
+              draws: int = 1, extra: dict | None = None, own_draws: int = 1
               ) -> tuple[float, list[tuple[float, float]]]:
     """Closed-loop ratio, and ``(auto, base)`` mean TTFTs on each of ``draws`` jittered
     replays of base's closed-loop arrivals. ``extra`` receives the closed loop's makespan
-    ratio (auto's time to serve every request over base's) and the ratio on one jittered
-    replay of auto's own closed-loop arrivals (the traffic auto's clients made)."""
+    ratio (auto's time to serve every request over base's), the ratio on one jittered
+    replay of auto's own closed-loop arrivals (the traffic auto's clients made) and the
+    ``(auto, base)`` mean TTFTs on ``own_draws`` such replays (the first is that one)."""
     engine = EngineSpec(stages=stages, model=model, sched_ms=host_ms)
     n = num_requests if num_requests else 4 * concurrency + 4
     wl = Workload(concurrency=concurrency, prompt_len=prompt_len, variable=True,
@@ -105,10 +106,13 @@ def case_runs(model: LatencyModel, concurrency: int, prompt_len: int, host_ms: f
     auto = closed.mean_ttft_ms
     if extra is not None:
         extra["makespan_ratio"] = closed.makespan_ms / base.makespan_ms
-        own = replace(wl, arrivals_ms=jittered_arrivals(closed.arrival_ms, seed))
-        extra["ratio_auto_arrivals"] = (
-            simulate_policy(engine, Policy("cpp-auto", BUDGET), own).mean_ttft_ms
-            / simulate_policy(engine, Policy("cpp-base", BUDGET), own).mean_ttft_ms)
+        on_own = []
+        for k in range(max(1, own_draws)):
+            own = replace(wl, arrivals_ms=jittered_arrivals(closed.arrival_ms, seed, k))
+            on_own.append((simulate_policy(engine, Policy("cpp-auto", BUDGET), own).mean_ttft_ms,
+                           simulate_policy(engine, Policy("cpp-base", BUDGET), own).mean_ttft_ms))
+        extra["auto_arrivals_draws"] = on_own
+        extra["ratio_auto_arrivals"] = on_own[0][0] / on_own[0][1]
     same = []
     for k in range(draws):
         fixed = replace(wl, arrivals_ms=jittered_arrivals(base.arrival_ms, seed, k))

@@ -367,7 +367,7 @@ class CppRuntime:
 
                     rest = longer_walk
             plan = self.manager.plan_step(head, max_budget=self.max_budget, rest=rest,
-                                          again=True, in_flight=self._in_flight_ms())
+                                          in_flight=self._in_flight_ms())
             if plan.fallback:
                 return plan
         grown = hits.grown_in_step(requests, plan.items)
@@ -511,7 +511,7 @@ class CppRuntime:
         if self._step_fault is not None:
             self._step_fault()
         items = scheduled_items(scheduler.requests, output.num_scheduled_tokens)
-        self.manager.record_decodes(sum(item[2] for item in items if not item[3]))
+        self.manager.record_decodes([(h, n) for _, h, n, pre in items if not pre])
         if not items:
             return None
         preempted = compat.preempted_request_ids(output)

@@ -322,6 +322,7 @@ def test_tracker_counts_the_decodes_vllm_skips_while_their_token_is_in_flight():
     decodes = [Candidate(f"d{i}", 20_000, 1, False) for i in range(4)]
     load = (sum(auto.decode_cost(d.history, 1) for d in decodes), 4)
     tracker.target_for(decodes + [Candidate("a", 0, 3000, True)], 2048)
+    tracker.record([(d.history, 1) for d in decodes])
     # Next step: the decodes are in flight, a new prompt is the head.
     got = tracker.target_for([Candidate("b", 0, 12_000, True)], 2048)
     blind = AutoTarget(p, 2).choose([(0, 12_000)], 2048)
@@ -338,10 +339,13 @@ def test_tracker_rechooses_when_decodes_join_or_leave_under_the_same_head():
     auto = AutoTarget(p, 2)
     tracker = AutoTargetTracker(auto)
     first = tracker.target_for([Candidate("a", 0, 12_000, True)], 2048)
+    tracker.record([])
     assert tracker.target_for([Candidate("a", 1024, 10_976, True)], 2048) == first
+    tracker.record([])
     assert tracker.choices_made == 1
     decodes = [Candidate(f"d{i}", 20_000, 1, False) for i in range(4)]
     joined = tracker.target_for(decodes + [Candidate("a", 2048, 9952, True)], 2048)
+    tracker.record([(d.history, 1) for d in decodes])
     assert tracker.choices_made == 2
     load = (sum(auto.decode_cost(d.history, 1) for d in decodes), 4)
     fresh = AutoTarget(p, 2).choose([(2048, 9952)], 2048, (load, (0.0, 0)))
@@ -349,6 +353,7 @@ def test_tracker_rechooses_when_decodes_join_or_leave_under_the_same_head():
     assert joined > first
     # The same decodes one step later (in flight, so not candidates): nothing changed.
     assert tracker.target_for([Candidate("a", 3072, 8880, True)], 2048) == joined
+    tracker.record([])
     assert tracker.choices_made == 2
     # Two of them finish: a new choice, but the target does not fall for the same head.
     tracker.target_for(decodes[:2] + [Candidate("a", 4096, 7856, True)], 2048)
@@ -383,6 +388,29 @@ def test_new_costs_keep_the_head_and_its_target():
     assert m.auto.head == "p1"
 
 
+def test_decodes_of_steps_nobody_planned_reach_the_first_choice_for_a_new_head():
+    # Steps with decodes only are not planned (nothing to size), but they are scheduled and
+    # recorded. A prompt arriving during them must be chosen for with the decode that comes
+    # back in the next step: a memory of planned steps only still held the decodes of the
+    # last prefill step (none here), and the first chunk came out a third below base's.
+    model = LatencyModel(a=1.8e-5, b=0.12, c=5.2, gamma=2.9e-4, d=1.5e-6)
+    m = ProfilingChunkManager(CoreSettings(base_chunk=8 * K, min_chunk=256, pp_size=2,
+                                           online_calibration=False, target_mode="auto"))
+    m.load_profile({"model": model.to_dict()})
+    m.plan_step([Candidate("r0", 0, 4 * K, True)], max_budget=8 * K)
+    m.record_decodes([])
+    # r0 is decoding: its token rides every other step, the steps between are empty. The
+    # last step carried it, so its token is in flight now and rides in the next step.
+    for k in range(5):
+        m.record_decodes([(4 * K + k, 1)] if k % 2 == 0 else [])
+    m.plan_step([Candidate("r1", 0, 16 * K, True)], max_budget=8 * K)
+    auto = m.auto.auto
+    cycle = ((0.0, 0), (auto.decode_cost(4 * K + 4, 1), 1))
+    assert m.auto.target_ms == pytest.approx(auto.choose([(0, 16 * K)], 8 * K, cycle).target_ms)
+    blind = auto.choose([(0, 16 * K)], 8 * K, ((0.0, 0), (0.0, 0))).target_ms
+    assert m.auto.target_ms > blind
+
+
 def test_a_step_planned_again_does_not_shift_the_decode_cycle():
     # The runtime plans a step again when prefixes cached within it change the walk; vLLM
     # still schedules one step, so the decodes auto forecasts for the coming steps must be
@@ -396,10 +424,10 @@ def test_a_step_planned_again_does_not_shift_the_decode_cycle():
         many = [Candidate(f"d{i}", 30_000, 1, False) for i in range(12)]
         few = [Candidate(f"e{i}", 2_000, 1, False) for i in range(2)]
         m.plan_step(many + [Candidate("a", 0, 600, True)], max_budget=8 * K)
-        m.record_decodes(len(many))
-        for k in range(plans_of_step_two):
-            m.plan_step(few + [Candidate("b", 0, 700, True)], max_budget=8 * K, again=k > 0)
-        m.record_decodes(len(few))
+        m.record_decodes([(d.history, 1) for d in many])
+        for _ in range(plans_of_step_two):
+            m.plan_step(few + [Candidate("b", 0, 700, True)], max_budget=8 * K)
+        m.record_decodes([(d.history, 1) for d in few])
         m.plan_step([Candidate("c", 0, 20_000, True)], max_budget=8 * K)
         return m.auto.target_ms, m
 

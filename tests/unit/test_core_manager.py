@@ -123,7 +123,7 @@ def test_the_next_phase_is_the_decodes_planned_pp_minus_one_steps_ago(pp, monkey
         decodes = [Candidate(f"d{i}", 100, 1, False) for i in range(k)]
         for _ in range(2):
             m.plan_step([*decodes, Candidate("p", 0, 10**7, True)], max_budget=8192)
-        m.record_decodes(k)
+        m.record_decodes([(100, 1)] * k)
     assert seen[::2] == seen[1::2]
     assert seen[::2] == [None] * (pp - 1) + list(range(8 - (pp - 1)))
 
@@ -138,7 +138,7 @@ def test_one_stage_has_no_phases(monkeypatch):
     for _ in range(3):
         m.plan_step([Candidate("d", 100, 1, False), Candidate("p", 0, 50, True)],
                     max_budget=8192)
-        m.record_decodes(1)
+        m.record_decodes([(100, 1)])
     assert seen == [None] * 3
 
 

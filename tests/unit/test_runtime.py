@@ -198,9 +198,9 @@ def test_steps_in_flight_reach_the_auto_target_oldest_first() -> None:
     seen: list[list[float]] = []
     target_for = rt.manager.auto.target_for
 
-    def spy(candidates, max_budget, max_requests=None, again=False, in_flight=()):
+    def spy(candidates, max_budget, max_requests=None, in_flight=()):
         seen.append(list(in_flight))
-        return target_for(candidates, max_budget, max_requests, again, in_flight)
+        return target_for(candidates, max_budget, max_requests, in_flight)
 
     rt.manager.auto.target_for = spy
     p, d = vs.Req("p", 9000), vs.Req("d", 300, num_computed_tokens=305)

@@ -437,22 +437,29 @@ class AutoTargetTracker:
         self._decodes_seen = 0
         # Set when the costs changed under a kept head: choose again, still never lower.
         self._costs_changed = False
-        # The decodes of the last S-1 steps, oldest first. Under pipeline parallelism a
-        # decode's next token can be scheduled only when its last one is back, S steps later,
-        # and vLLM's walk skips it in between: a step's candidates hold only the decodes of
-        # its phase, and the next S-1 steps carry those of the steps before, in turn.
+        # The decodes vLLM scheduled in each of the last S-1 steps, oldest first (fed by
+        # :meth:`record` once per step). Under pipeline parallelism a decode's next token can
+        # be scheduled only when its last one is back, S steps later, and vLLM's walk skips
+        # it in between: a step's candidates hold only the decodes of its phase, and the next
+        # S-1 steps carry those of the steps before, in turn. Steps with no prefill are never
+        # planned, so only a record of every step scheduled keeps this true: one kept from the
+        # planned steps alone still held the last prefill step's decodes when a new prompt
+        # arrived during decode-only steps, and the first choice for it saw none.
         self._recent: deque[tuple[float, int]] = deque(maxlen=max(0, auto.stages - 1))
-        # This step's decodes join ``_recent`` when the next step comes: a step planned again
-        # (for prefixes cached within it) replaces them instead of counting twice.
-        self._pending: tuple[float, int] | None = None
         self._decodes: tuple[tuple[float, int], ...] = ((0.0, 0),)
         self.choices_made = 0
 
+    def record(self, decodes: Sequence[tuple[int, int]]) -> None:
+        """``(history, tokens)`` of each decode vLLM scheduled in a step, once per step
+        scheduled (planned or not)."""
+        if self._recent.maxlen:
+            self._recent.append((sum(self.auto.decode_cost(h, max(1, n)) for h, n in decodes),
+                                 sum(max(1, int(n)) for _, n in decodes)))
+
     def target_for(self, candidates: Sequence[Candidate], max_budget: int,
-                   max_requests: int | None = None, again: bool = False,
+                   max_requests: int | None = None,
                    in_flight: Sequence[float] = ()) -> float | None:
-        """This step's target, or None to leave the planner on its own target; ``again`` when
-        the step of the previous call is planned again."""
+        """This step's target, or None to leave the planner on its own target."""
         limit = len(candidates) if max_requests is None else max(0, min(len(candidates),
                                                                         int(max_requests)))
         prefills: list[tuple[int, int]] = []
@@ -471,12 +478,8 @@ class AutoTargetTracker:
                 if head is None:
                     head = cand.req_id
                 prefills.append((cand.history, cand.remaining))
-        now = (decode_ms, decode_tokens)
-        if self._pending is not None and not again:
-            self._recent.append(self._pending)
-        self._pending = now
         # This step, then the decodes that rode S-1 steps ago, ..., then last step's.
-        self._decodes = (now, *self._recent)
+        self._decodes = ((decode_ms, decode_tokens), *self._recent)
         if not prefills:
             return self.target_ms
         queued = sum(r for _, r in prefills[1:])
@@ -518,7 +521,6 @@ class AutoTargetTracker:
         new._queued_tokens = self._queued_tokens
         new._decodes_seen = self._decodes_seen
         new._recent.extend(self._recent)
-        new._pending = self._pending
         new._decodes = self._decodes
         new.choices_made = self.choices_made
         new._costs_changed = self.target_ms is not None

@@ -210,7 +210,7 @@ class ProfilingChunkManager:
     def plan_step(self, candidates: Sequence[Candidate], *, max_budget: int,
                   max_requests: int | None = None,
                   rest: Callable[[], Sequence[Candidate]] | None = None,
-                  again: bool = False, in_flight: Sequence[float] = ()) -> StepPlan:
+                  in_flight: Sequence[float] = ()) -> StepPlan:
         """This step's budget and cap; the fallback plan unless a model is in use.
 
         With ``rest``, ``candidates`` may be only the head of the walk (a long waiting queue
@@ -223,15 +223,15 @@ class ProfilingChunkManager:
         ``max_budget`` (:attr:`StepPlan.open_end`), or vLLM's walk left tokens of the budget
         unused. Such a step is planned again on the whole walk, so the
         plan is always the one the whole walk gives. The planner's walks keep no state; the
-        auto target reads only what the head holds. ``again`` says that this is the step of
-        the previous call, planned again (cached prefixes grew within it): the auto target
-        then does not count its decodes twice.
+        auto target reads only what the head holds. A step may be planned more than once
+        (cached prefixes grew within it): what is kept across steps is fed by
+        :meth:`record_decodes`, once per step scheduled.
         """
         self._steps_planned += 1
         if self.state in (CppState.READY, CppState.CALIBRATING):
             target = None
             if self.auto is not None:
-                target = self.auto.target_for(candidates, max_budget, max_requests, again,
+                target = self.auto.target_for(candidates, max_budget, max_requests,
                                               in_flight)
             phases = self._phase_decodes
             next_phase = phases[0] if step_planner.BALANCE_PHASES and phases \
@@ -254,11 +254,14 @@ class ProfilingChunkManager:
             self._fallback_steps += 1
         return plan
 
-    def record_decodes(self, tokens: int) -> None:
-        """The decode tokens vLLM scheduled in this step (called once per ``schedule()``:
-        a step planned again for shared prefixes must not count twice)."""
+    def record_decodes(self, decodes: Sequence[tuple[int, int]]) -> None:
+        """``(history, tokens)`` of each decode vLLM scheduled in this step (called once per
+        ``schedule()``, planned or not: a step planned again for shared prefixes must not
+        count twice, and one planned by nobody, decodes only, must count)."""
         if self._phase_decodes.maxlen:
-            self._phase_decodes.append(int(tokens))
+            self._phase_decodes.append(sum(int(n) for _, n in decodes))
+        if self.auto is not None:
+            self.auto.record(decodes)
 
     def record_step(self, items: Sequence[tuple[int, int]], measured_ms: float,
                     predicted_ms: float | None = None) -> CalibrationEvent | None:
