@@ -31,7 +31,13 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.bench_engine import build_parser, cell_lengths  # noqa: E402
 from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
-from vllm_ascend_cpp.sim import EngineSpec, Workload, load_profile, simulate_policy  # noqa: E402
+from vllm_ascend_cpp.sim import (  # noqa: E402
+    EngineSpec,
+    ProfileInfo,
+    Workload,
+    load_profile,
+    simulate_policy,
+)
 
 AUTO, BASE = "cpp-auto", "cpp-base"
 
@@ -52,7 +58,10 @@ def ratio(series: dict[str, list[float]], kinds: dict[str, str], a: str, b: str)
     return geomean([x / y for x, y in zip(series[kinds[a]], series[kinds[b]])])
 
 
-def replay(data: dict, host_ms: float) -> list[dict]:
+def served_setup(data: dict, host_ms: float
+                 ) -> tuple[argparse.Namespace, ProfileInfo, EngineSpec]:
+    """The run's bench arguments, its profile with the model the engine fitted to what it
+    served, and a simulated engine of that model with ``host_ms`` per step."""
     meta = data["meta"]
     args = build_parser().parse_args(shlex.split(meta["command"])[2:])
     model = LatencyModel(**meta["coefficients"])
@@ -60,6 +69,12 @@ def replay(data: dict, host_ms: float) -> list[dict]:
                    model=model)
     engine = EngineSpec(stages=info.pp_size or 2, model=model, block_size=info.block_size,
                         sched_ms=float(host_ms))
+    return args, info, engine
+
+
+def replay(data: dict, host_ms: float) -> list[dict]:
+    meta = data["meta"]
+    args, info, engine = served_setup(data, host_ms)
     rows = []
     for cell, measured in data["table"].items():
         names = list(measured)

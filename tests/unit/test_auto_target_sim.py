@@ -128,23 +128,17 @@ def test_a_prompt_arriving_during_decode_only_steps_is_chosen_for_with_their_dec
     # its first choice for the newcomer saw none: a first chunk of 1,536 tokens where base
     # planned 2,048, and auto lost 0.6% (host 0 ms) and 1.1% (17 ms) to base on this traffic.
     import json
-    import shlex
     from dataclasses import replace
 
-    from benchmarks.bench_engine import build_parser, cell_lengths
-    from benchmarks.sim_engine_run import policy_kind
-    from vllm_ascend_cpp.core.latency_model import LatencyModel
-    from vllm_ascend_cpp.sim import EngineSpec, Workload, load_profile, simulate_policy
+    from benchmarks.bench_engine import cell_lengths
+    from benchmarks.sim_engine_run import policy_kind, served_setup
+    from vllm_ascend_cpp.sim import Workload, simulate_policy
 
     root = Path(__file__).resolve().parents[2]
     data = json.loads((root / "benchmarks/results/engine_bench_auto_vs_base_flow.json")
                       .read_text())
-    meta = data["meta"]
-    args = build_parser().parse_args(shlex.split(meta["command"])[2:])
-    model = LatencyModel(**meta["coefficients"])
-    info = replace(load_profile({"coefficients": meta["startup_coefficients"], "pp_size": 2}),
-                   model=model)
-    engine = EngineSpec(stages=2, model=model, block_size=info.block_size, sched_ms=host_ms)
+    args, info, engine = served_setup(data, host_ms)
+    assert engine.stages == 2
     lens, _ = cell_lengths(args, 2, False, 0)
     wl = Workload(concurrency=2, prompt_len=max(lens), output_len=args.output_len,
                   prompts=tuple(lens))
