@@ -24,12 +24,21 @@ closed-loop in both modes; in one-engine mode the engine is driven step by step
 (`LLMEngine.step()`), TTFT is the time from adding the request to the step that returns its
 first token.
 
+Same arrivals (`--same-arrivals`, one-engine mode): in a closed loop a policy that finishes
+requests sooner brings its clients back sooner, into a busier queue, and mean TTFT counts that
+against it (the simulator's replays of these runs showed auto losing to base that way while
+winning on every common arrival list, `benchmarks/sim_engine_run.py`). With the flag, in each
+cell one policy (`--arrivals-from`, default the first fixed budget) first runs the closed loop
+and its submission times are recorded; they are jittered (ARRIVAL_JITTER_S) and every policy
+then serves them open loop (`replay_arrivals`). TTFT and end-to-end time count from arrival.
+
 Every ratio is paired by round (CPP and fixed ran in the same round) and reported with its
 per-round values and a bootstrap 95% interval (benchmarks/ratio_stats.py); the "bubbles"
 column is modelled from the measured step times (equal stages, no host time), not measured.
 
     python benchmarks/bench_engine.py --reps 3 --concurrency 1 2 4 --variable
     python benchmarks/bench_engine.py --one-engine --reps 5 --concurrency 1 2 4 --variable
+    python benchmarks/bench_engine.py --one-engine --same-arrivals --reps 5 --concurrency 2 4
     python benchmarks/bench_engine.py --render benchmarks/results/engine_bench.json
     python benchmarks/bench_engine.py --multiturn ...   (multi-turn chat: benchmarks/multiturn.py)
 Writes benchmarks/results/engine_bench.json and engine_bench.md (--out to change).
@@ -78,13 +87,23 @@ def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int) -> lis
     return out
 
 
-def run_figures(ttfts: dict[int, float], out_tokens: int, wall: float) -> dict:
-    return {
+def run_figures(ttfts: dict[int, float], out_tokens: int, wall: float,
+                e2e: dict[int, float] | None = None,
+                arrivals: dict[int, float] | None = None) -> dict:
+    """A run's figures; per-request lists are in prompt order. ``e2e`` is each request's time
+    from arrival to its last token, ``arrivals`` its arrival after the run's start."""
+    out = {
         "mean_ttft_s": statistics.mean(ttfts.values()),
         "ttfts_s": [ttfts[i] for i in sorted(ttfts)],
         "throughput_tok_s": out_tokens / wall,
         "wall_s": wall,
     }
+    if e2e:
+        out["mean_e2e_s"] = statistics.mean(e2e.values())
+        out["e2e_s"] = [e2e[i] for i in sorted(e2e)]
+    if arrivals is not None:
+        out["arrivals_s"] = [arrivals[i] for i in sorted(arrivals)]
+    return out
 
 
 async def closed_loop(engine: Any, prompts: list[list[int]], k: int, out_len: int) -> dict:
@@ -94,6 +113,7 @@ async def closed_loop(engine: Any, prompts: list[list[int]], k: int, out_len: in
     sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
     queue = list(enumerate(prompts))
     ttfts: dict[int, float] = {}
+    e2e: dict[int, float] = {}
     out_tokens = 0
 
     async def client() -> None:
@@ -108,11 +128,12 @@ async def closed_loop(engine: Any, prompts: list[list[int]], k: int, out_len: in
                     first = time.perf_counter()
                 n = len(o.outputs[0].token_ids)
             ttfts[i] = (first or time.perf_counter()) - start
+            e2e[i] = time.perf_counter() - start
             out_tokens += n
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(k)))
-    return run_figures(ttfts, out_tokens, time.perf_counter() - start)
+    return run_figures(ttfts, out_tokens, time.perf_counter() - start, e2e)
 
 
 def prefill_cv_and_bubbles(trace: list[dict], stages: int) -> dict:
@@ -168,7 +189,8 @@ def warmup_prompts(args: argparse.Namespace) -> list[list[int]]:
 
 
 def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
-               prompts: list[list[int]], args: argparse.Namespace) -> dict:
+               prompts: list[list[int]], args: argparse.Namespace,
+               arrivals_s: list[float] | None = None) -> dict:
     """What is known before a cell runs: the trace position and the simulator's forecast."""
     lens = [len(p) for p in prompts]
     seen = trace.read()
@@ -176,7 +198,7 @@ def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
     # The simulator's prediction uses only what the engine measured before this run (sweep
     # + earlier steps), so it is a forecast, not a fit to the answer.
     predicted = predict_ttft_s(pol, sim_report, seen[-FORECAST_WINDOW:], k, lens,
-                               args.output_len)
+                               args.output_len, arrivals_s)
     return {"mark": mark, "predicted": predicted, "lens": lens,
             "shapes_before": {t["num_tokens"] for t in seen},
             "load_before": os.getloadavg()[0], "cpu_before": time.process_time()}
@@ -253,44 +275,106 @@ async def run_policy(pol: dict, args: argparse.Namespace, work: Path, rnd: int) 
 
 
 def closed_loop_steps(llm: Any, prompts: list[list[int]], k: int, out_len: int) -> dict:
-    """Closed-loop clients on an in-process engine, driven step by step."""
+    """Closed-loop clients on an in-process engine, driven step by step. The figures carry
+    each request's submission time after the start (``arrivals_s``), which
+    :func:`replay_arrivals` can serve to other policies."""
+    if k < 1:
+        raise ValueError(f"closed-loop clients need k >= 1, got {k}")
+    return _serve_steps(llm, prompts, out_len, k=k)
+
+
+def replay_arrivals(llm: Any, prompts: list[list[int]], arrivals_s: list[float],
+                    out_len: int) -> dict:
+    """Open-loop clients on an in-process engine: prompt i arrives ``arrivals_s[i]`` seconds
+    after the start, whatever the engine is doing, so every policy serves the same traffic.
+
+    A request is added between steps, the first chance the scheduler has to see it (a server
+    adds it mid-step, but the next ``schedule()`` comes no sooner); its TTFT and end-to-end
+    time count from its arrival, so waiting for the step in flight counts too.
+    ``submit_lag_s`` says how long each arrival waited to be added.
+    """
+    if len(arrivals_s) != len(prompts):
+        raise ValueError(f"{len(arrivals_s)} arrival times for {len(prompts)} prompts")
+    return _serve_steps(llm, prompts, out_len, arrivals_s=arrivals_s)
+
+
+def _serve_steps(llm: Any, prompts: list[list[int]], out_len: int, *, k: int = 0,
+                 arrivals_s: list[float] | None = None) -> dict:
+    """Step the engine until every prompt is served: closed loop with ``k`` clients (a
+    prompt arrives when a client's last request finishes), or open loop on ``arrivals_s``.
+    Times count from each prompt's arrival."""
+    engine = llm.llm_engine
+    TokensPrompt, params = _request_types(out_len)
+    closed = arrivals_s is None
+    arrivals: dict[int, float] = {} if closed else dict(enumerate(arrivals_s))
+    pending = sorted(range(len(prompts)), key=lambda i: arrivals.get(i, i))
+    live: dict[str, int] = {}
+    ttfts: dict[int, float] = {}
+    e2e: dict[int, float] = {}
+    lag: dict[int, float] = {}
+    out_tokens = 0
+    start = time.perf_counter()
+
+    def add(i: int, now: float) -> None:
+        arrivals.setdefault(i, now)
+        lag[i] = now - arrivals[i]
+        rid = f"r{i}-{start}"
+        live[rid] = i
+        # Outputs carry the id given here; vLLM keeps its own suffixed id internally.
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompts[i]), params)
+
+    while closed and pending and len(live) < k:
+        add(pending.pop(0), 0.0)
+    while pending or live:
+        now = time.perf_counter() - start
+        while not closed and pending and arrivals[pending[0]] <= now:
+            add(pending.pop(0), now)
+        if not live:
+            time.sleep(max(0.0, arrivals[pending[0]] - now))
+            continue
+        if not engine.has_unfinished_requests():
+            raise RuntimeError(f"requests {sorted(live)} vanished from the engine")
+        for o in engine.step():
+            i = live.get(o.request_id)
+            if i is None:
+                continue
+            since = time.perf_counter() - start - arrivals[i]
+            if i not in ttfts and o.outputs and o.outputs[0].token_ids:
+                ttfts[i] = since
+            if o.finished:
+                out_tokens += len(o.outputs[0].token_ids)
+                ttfts.setdefault(i, since)
+                e2e[i] = since
+                del live[o.request_id]
+                if closed and pending:
+                    add(pending.pop(0), time.perf_counter() - start)
+    out = run_figures(ttfts, out_tokens, time.perf_counter() - start, e2e, arrivals)
+    if not closed:
+        out["submit_lag_s"] = [lag[i] for i in sorted(lag)]
+    return out
+
+
+def _request_types(out_len: int) -> tuple[Any, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine = llm.llm_engine
-    sp = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False)
-    queue = list(enumerate(prompts))
-    submitted: dict[str, tuple[int, float]] = {}
-    ttfts: dict[int, float] = {}
-    out_tokens = 0
+    return TokensPrompt, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True,
+                                        detokenize=False)
 
-    def submit() -> None:
-        i, p = queue.pop(0)
-        rid = f"r{i}-{time.perf_counter()}"
-        submitted[rid] = (i, time.perf_counter())
-        # Outputs carry the id given here; vLLM keeps its own suffixed id internally.
-        engine.add_request(rid, TokensPrompt(prompt_token_ids=p), sp)
 
-    start = time.perf_counter()
-    for _ in range(min(k, len(queue))):
-        submit()
-    while submitted:
-        if not engine.has_unfinished_requests():
-            raise RuntimeError(f"requests {sorted(submitted)} vanished from the engine")
-        for o in engine.step():
-            entry = submitted.get(o.request_id)
-            if entry is None:
-                continue
-            i, t0 = entry
-            if i not in ttfts and o.outputs and o.outputs[0].token_ids:
-                ttfts[i] = time.perf_counter() - t0
-            if o.finished:
-                out_tokens += len(o.outputs[0].token_ids)
-                ttfts.setdefault(i, time.perf_counter() - t0)
-                del submitted[o.request_id]
-                if queue:
-                    submit()
-    return run_figures(ttfts, out_tokens, time.perf_counter() - start)
+# Same-arrivals mode moves every recorded arrival after the first wave later by a seeded
+# U[0, ARRIVAL_JITTER_S) draw. A closed loop submits exactly when one of the recording
+# policy's steps ends; replayed unjittered, the recording policy would find the engine between
+# steps at every arrival while the others find a step in flight, up to a step's length (0.6 s
+# for auto's largest) added to their TTFT. The jitter is about one such step, alike for all.
+ARRIVAL_JITTER_S = 0.5
+
+
+def jittered_arrivals(times: list[float], seed: int) -> list[float]:
+    """``times`` with each arrival after the first (t > 0) delayed by the seeded jitter, sorted
+    ascending: prompt i gets the i-th time, as the simulator's replay assigns them."""
+    rng = random.Random(seed)
+    return sorted(t + rng.uniform(0.0, ARRIVAL_JITTER_S) if t > 0 else t for t in times)
 
 
 def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> dict:
@@ -314,6 +398,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
     window = {"calibration_window": CppConfig.calibration_window}
     llm = LLM(**engine_kwargs(args, model_dir, budget, cpp_settings(trace_path, work, window)))
     runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
+    source = arrival_source(pols, args)
     try:
         scheduler = compat.inproc_scheduler(llm)
         if scheduler is None or not hasattr(scheduler, "cpp"):
@@ -339,11 +424,21 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
             for name in runs:
                 runs[name].append({"results": {}})
             for c, (key, k, prompts) in enumerate(cells(args, rnd)):
+                arrivals, recorded = None, None
+                if source is not None:
+                    runtime.set_bench_policy(bench_mode(source), source["budget"])
+                    recorded = closed_loop_steps(llm, prompts, k, args.output_len)
+                    arrivals = jittered_arrivals(recorded["arrivals_s"], 1000 * rnd + c)
+                    print(f"  {source['name']:>16} {key:>8} closed loop (records the arrivals) "
+                          f"TTFT {recorded['mean_ttft_s'] * 1000:8.0f} ms", flush=True)
                 shift = (rnd + c) % len(pols)
                 for pol in pols[shift:] + pols[:shift]:
                     runtime.set_bench_policy(bench_mode(pol), pol["budget"])
-                    ctx = begin_cell(pol, sim_report, trace, k, prompts, args)
-                    r = closed_loop_steps(llm, prompts, k, args.output_len)
+                    ctx = begin_cell(pol, sim_report, trace, k, prompts, args, arrivals)
+                    r = (closed_loop_steps(llm, prompts, k, args.output_len) if arrivals is None
+                         else replay_arrivals(llm, prompts, arrivals, args.output_len))
+                    if recorded is not None and pol is source:
+                        r["closed_loop"] = recorded
                     runs[pol["name"]][rnd]["results"][key] = end_cell(ctx, r, trace, pol, key)
         runtime.set_bench_policy(None)
     finally:
@@ -356,9 +451,24 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
     return runs
 
 
+def arrival_source(pols: list[dict], args: argparse.Namespace) -> dict | None:
+    """The policy whose closed loop records each cell's arrivals (``--same-arrivals``): the
+    one named by ``--arrivals-from``, else the first fixed budget run; None without the flag."""
+    if not getattr(args, "same_arrivals", False):
+        return None
+    name = args.arrivals_from or next((p["name"] for p in pols
+                                       if p["cpp"].get("target") == "fixed"), None)
+    found = [p for p in pols if p["name"] == name]
+    if not found:
+        raise SystemExit(f"--same-arrivals: no policy {name!r} among "
+                         f"{[p['name'] for p in pols]} to record the arrivals")
+    return found[0]
+
+
 def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: list[int],
-                   output_len: int) -> float | None:
-    """The pipeline simulator's mean TTFT for this run, from the sweep and earlier steps."""
+                   output_len: int, arrivals_s: list[float] | None = None) -> float | None:
+    """The pipeline simulator's mean TTFT for this run, from the sweep and earlier steps
+    (closed-loop clients, or the given arrival times)."""
     from vllm_ascend_cpp.sim import host_ms_from_trace, refit_from_trace, simulate_trace_policy
 
     model = refit_from_trace(lines, report.get("samples"))
@@ -368,7 +478,9 @@ def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: lis
     try:
         res = simulate_trace_policy(report, policy=kind, budget=pol["budget"], concurrency=k,
                                     prompt_lens=lens, output_len=output_len, model=model,
-                                    sched_ms=host)
+                                    sched_ms=host,
+                                    arrivals_ms=None if arrivals_s is None
+                                    else [t * 1e3 for t in arrivals_s])
     except ValueError:
         return None
     return res.mean_ttft_ms / 1e3
@@ -398,6 +510,15 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
             errs = [p / t - 1 for p, t in zip(pred, ttft) if p]
             steps = [e for r in res for e in r.get("step_errors", [])]
             steps_per_rep = [sum(r.get("steps_by_state", {}).values()) for r in res]
+            e2e = [r["mean_e2e_s"] for r in res if "mean_e2e_s" in r]
+            closed = [r["closed_loop"]["mean_ttft_s"] for r in res if "closed_loop" in r]
+            extra = {}
+            if len(e2e) == len(res):
+                extra["e2e_per_rep_ms"] = [x * 1e3 for x in e2e]
+                extra["e2e_ms_median"] = statistics.median(e2e) * 1e3
+            if len(closed) == len(res):
+                # The recording policy's own closed loop, the run its arrivals came from.
+                extra["closed_loop_ttft_per_rep_ms"] = [x * 1e3 for x in closed]
             table.setdefault(key, {})[name] = {
                 "load_avg_max": max(r.get("load_avg", 0.0) for r in res),
                 "ttft_ms": {"min": min(ttft) * 1e3, "median": statistics.median(ttft) * 1e3,
@@ -418,6 +539,7 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
                 "steps": sum(steps_per_rep),
                 "fallback_steps": sum(r.get("steps_by_state", {}).get("fixed-fallback", 0)
                                       for r in res),
+                **extra,
             }
     return table
 
@@ -433,7 +555,8 @@ def tuned_fixed(pols: dict) -> str | None:
 
 def pair(pols: dict, name: str, base: str, metric: str) -> rs.Ratio | None:
     """Round-by-round ratio of ``name`` over ``base`` (TTFT, or throughput when recorded)."""
-    field = {"ttft": "ttft_per_rep_ms", "throughput": "throughput_per_rep"}[metric]
+    field = {"ttft": "ttft_per_rep_ms", "throughput": "throughput_per_rep",
+             "e2e": "e2e_per_rep_ms"}[metric]
     a, b = pols[name].get(field), pols[base].get(field)
     if not a or not b or len(a) != len(b):
         return None
@@ -450,9 +573,10 @@ def pair_ratios(table: dict) -> dict:
                 if f == name:
                     continue
                 cell = {}
-                for metric in ("ttft", "throughput"):
+                for metric in ("ttft", "throughput", "e2e"):
                     r = pair(pols, name, f, metric)
-                    cell[metric] = r.to_dict() if r is not None else None
+                    if r is not None or metric != "e2e":  # runs before e2e was recorded
+                        cell[metric] = r.to_dict() if r is not None else None
                 out.setdefault(key, {}).setdefault(name, {})[f] = cell
     return out
 
@@ -563,6 +687,7 @@ def markdown(table: dict, meta: dict) -> str:
               "budget on the same engine, see the script's docstring)." if one else
               "Mode: **one engine per policy and round** (engine instances on this CPU differ "
               "in step speed by up to 20%; the one-engine mode removes that)."), "",
+             *same_arrivals_lines(meta),
              "Ratios are paired by round: the geometric mean of the per-round ratios, then the "
              "bootstrap 95% interval in brackets (`benchmarks/ratio_stats.py`; with 3 rounds it "
              "is the smallest to the largest round). \"faster\"/\"slower\" only where the "
@@ -571,11 +696,13 @@ def markdown(table: dict, meta: dict) -> str:
     for key, pols in table.items():
         tuned = tuned_fixed(pols)
         thr_known = all(v.get("throughput_per_rep") for v in pols.values())
+        e2e_known = all(v.get("e2e_per_rep_ms") for v in pols.values())
+        e2e_head = " end-to-end median ms | end-to-end / tuned fixed |" if e2e_known else ""
         lines += [f"## {key}", "",
                   "| policy | TTFT median ms (min-max) | TTFT per round ms | throughput tok/s "
                   "median | prefill CV | bubbles (modelled) | TTFT / tuned fixed | "
-                  "throughput / tuned fixed | verdict (TTFT) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "throughput / tuned fixed |" + e2e_head + " verdict (TTFT) |",
+                  "|---|---|---|---|---|---|---|---|" + "---|" * (2 * e2e_known + 1)]
         for name, v in pols.items():
             t = v["ttft_ms"]
             rt = pair(pols, name, tuned, "ttft") if tuned and name != tuned else None
@@ -584,10 +711,19 @@ def markdown(table: dict, meta: dict) -> str:
             per = "/".join(f"{x:.0f}" for x in v["ttft_per_rep_ms"])
             verdict = "tuned fixed" if name == tuned else (
                 rs.ttft_verdict(rt) if rt is not None else "-")
+            e2e = ""
+            if e2e_known:
+                re2e = pair(pols, name, tuned, "e2e") if tuned and name != tuned else None
+                e2e = f" {v['e2e_ms_median']:.0f} | {_q(re2e)} |"
             lines.append(
                 f"| {name} | {t['median']:.0f} ({t['min']:.0f}-{t['max']:.0f}) | {per} | "
                 f"{v['throughput']['median']:.1f} | {cv} | {_pct(v['bubble_fraction'])} | "
-                f"{_q(rt)} | {_q(rth) if thr_known else 'not recorded'} | {verdict} |")
+                f"{_q(rt)} | {_q(rth) if thr_known else 'not recorded'} |{e2e} {verdict} |")
+        for name, v in pols.items():
+            if v.get("closed_loop_ttft_per_rep_ms"):
+                per = "/".join(f"{x:.0f}" for x in v["closed_loop_ttft_per_rep_ms"])
+                lines += ["", f"{name}'s closed loop, which recorded the arrivals: TTFT per "
+                          f"round {per} ms."]
         names = fixed_names(pols)
         others = [n for n in pols if n not in names]
         if names and others:
@@ -649,6 +785,20 @@ def markdown(table: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def same_arrivals_lines(meta: dict) -> list[str]:
+    src = meta.get("arrivals_from")
+    if not src:
+        return []
+    return [f"Arrivals: **the same for every policy**. In each cell and round {src} first "
+            "serves the prompts with closed-loop clients and its submission times are "
+            f"recorded; each one after the first wave is moved later by a seeded "
+            f"U[0, {meta['arrival_jitter_s']:g} s) draw, and then every policy, {src} too, "
+            "serves those arrival times open loop (the policies' order rotating). TTFT and "
+            "end-to-end time count from each request's arrival. Throughput is the tokens "
+            "served over the time to serve them all, which the arrivals bound: it separates "
+            "policies less than in a closed loop.", ""]
+
+
 def write_results(out: str, meta: dict, table: dict, keep: dict | None = None) -> str:
     text = markdown(table, meta)
     data = {"meta": meta, "table": table, "pairs": pair_ratios(table),
@@ -691,6 +841,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--only", nargs="*", default=None, help="policy names to run")
     ap.add_argument("--one-engine", action="store_true",
                     help="one in-process engine serves every policy (see the docstring)")
+    ap.add_argument("--same-arrivals", action="store_true",
+                    help="with --one-engine: in each cell one policy's closed loop records "
+                         "the arrival times and every policy serves them open loop")
+    ap.add_argument("--arrivals-from", default=None, metavar="POLICY",
+                    help="the policy that records the arrivals (default: the first fixed "
+                         "budget run)")
     mt = ap.add_argument_group("multi-turn chat (--multiturn, see benchmarks/multiturn.py)")
     mt.add_argument("--multiturn", action="store_true",
                     help="multi-turn conversations with prefix caching on, one engine; writes "
@@ -727,6 +883,8 @@ def main() -> int:
         if args.history_cap + 1 > args.max_model_len:
             ap.error("--history-cap must be below --max-model-len")
         return multiturn.main(args, args.out)
+    if args.same_arrivals and not args.one_engine:
+        ap.error("--same-arrivals needs --one-engine")
     stem = "engine_bench_one_engine" if args.one_engine else "engine_bench"
     out = args.out or str(ROOT / "benchmarks" / "results" / stem)
     work = Path(tempfile.mkdtemp(prefix="cpp-bench-"))
@@ -734,6 +892,7 @@ def main() -> int:
     pols = policies(args.prompt_len, args.fixed_budgets, args.auto_budget)
     if args.only:
         pols = [p for p in pols if p["name"] in args.only]
+    source = arrival_source(pols, args)  # a bad --arrivals-from fails before the engine starts
     if args.one_engine:
         runs = run_one_engine(pols, args, work)
     else:
@@ -755,6 +914,8 @@ def main() -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
         "auto_budget": args.auto_budget, "dtype": args.dtype,
+        **({"arrivals_from": source["name"], "arrival_jitter_s": ARRIVAL_JITTER_S}
+           if source is not None else {}),
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],

@@ -201,7 +201,8 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
                           output_len: int = 128, stages: int | None = None,
                           sched_ms: float = 0.0, seed: int = 0,
                           stage_scale: bool = True, model: LatencyModel | None = None,
-                          record_timeline: bool = False) -> SimResult:
+                          record_timeline: bool = False,
+                          arrivals_ms: Sequence[float] | None = None) -> SimResult:
     """Predict a real engine's run from its fitted profile.
 
     ``policy`` is ``fixed``, ``cpp-base`` or ``cpp-auto``; ``budget`` is
@@ -211,8 +212,9 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
     call, worth setting on slow hosts. With ``stage_scale`` (default) and per-worker sweep
     totals in the report, faster stages run proportionally faster than the fitted (slowest)
     one. ``model`` replaces the profile's coefficients (e.g. :func:`refit_from_trace` of
-    the run being predicted). The result's ``mean_ttft_ms`` is the prediction to compare
-    with the measured mean TTFT.
+    the run being predicted). ``arrivals_ms`` (with ``prompt_lens``) replays fixed submission
+    times instead of closed-loop clients. The result's ``mean_ttft_ms`` is the prediction to
+    compare with the measured mean TTFT.
     """
     info = profile if isinstance(profile, ProfileInfo) else load_profile(profile)
     if model is not None:
@@ -224,10 +226,13 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
         if not lens:
             raise ValueError("prompt_lens is empty")
         workload = Workload(concurrency=concurrency, prompt_len=max(lens),
-                            output_len=output_len, seed=seed, prompts=lens)
+                            output_len=output_len, seed=seed, prompts=lens,
+                            arrivals_ms=None if arrivals_ms is None else tuple(arrivals_ms))
     else:
         if prompt_len is None:
             raise ValueError("give prompt_len or prompt_lens")
+        if arrivals_ms is not None:
+            raise ValueError("arrivals_ms needs prompt_lens (one time per prompt)")
         workload = Workload(concurrency=concurrency, num_requests=num_requests,
                             prompt_len=int(prompt_len), variable=variable,
                             output_len=output_len, seed=seed)
