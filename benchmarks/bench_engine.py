@@ -96,6 +96,7 @@ def run_figures(ttfts: dict[int, float], out_tokens: int, wall: float,
         "mean_ttft_s": statistics.mean(ttfts.values()),
         "ttfts_s": [ttfts[i] for i in sorted(ttfts)],
         "throughput_tok_s": out_tokens / wall,
+        "output_tokens": out_tokens,
         "wall_s": wall,
     }
     if e2e:
@@ -516,6 +517,8 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
             if len(e2e) == len(res):
                 extra["e2e_per_rep_ms"] = [x * 1e3 for x in e2e]
                 extra["e2e_ms_median"] = statistics.median(e2e) * 1e3
+            if all("arrivals_s" in r for r in res):
+                extra["arrivals_per_rep_s"] = [r["arrivals_s"] for r in res]
             if len(closed) == len(res):
                 # The recording policy's own closed loop, the run its arrivals came from.
                 extra["closed_loop_ttft_per_rep_ms"] = [x * 1e3 for x in closed]
@@ -722,8 +725,13 @@ def markdown(table: dict, meta: dict) -> str:
         for name, v in pols.items():
             if v.get("closed_loop_ttft_per_rep_ms"):
                 per = "/".join(f"{x:.0f}" for x in v["closed_loop_ttft_per_rep_ms"])
+                own = rs.paired(v["ttft_per_rep_ms"], v["closed_loop_ttft_per_rep_ms"])
                 lines += ["", f"{name}'s closed loop, which recorded the arrivals: TTFT per "
-                          f"round {per} ms."]
+                          f"round {per} ms. {name} serving them again open loop over that: "
+                          f"{own.quoted()} (per round "
+                          + "/".join(f"{x:.3f}" for x in own.values)
+                          + "; one policy on nearly the same traffic, so the spread a round "
+                          "has without any change of policy)."]
         names = fixed_names(pols)
         others = [n for n in pols if n not in names]
         if names and others:
@@ -740,6 +748,15 @@ def markdown(table: dict, meta: dict) -> str:
                 for name in others:
                     lines.append(f"| {name} | " + " | ".join(
                         _q(pair(pols, name, f, "throughput")) for f in names) + " |")
+        if e2e_known and len(pols) > 1:
+            lines += ["", "Every policy against every other (row over column; TTFT, then "
+                      "end-to-end time):", "",
+                      "| policy | " + " | ".join(pols) + " |", "|---|" + "---|" * len(pols)]
+            for name in pols:
+                lines.append(f"| {name} | " + " | ".join(
+                    "-" if o == name else
+                    f"{_q(pair(pols, name, o, 'ttft'))}; {_q(pair(pols, name, o, 'e2e'))}"
+                    for o in pols) + " |")
         fell = {n: v for n, v in pols.items()
                 if not n.startswith("fixed-") and v.get("fallback_steps")}
         if fell:

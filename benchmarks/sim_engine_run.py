@@ -7,6 +7,9 @@ pipeline simulator, with the model the engine fitted to what it served (`meta.co
 and the host time per step given: first as the bench ran it (closed loop), then with every
 policy serving the arrival times each policy's closed loop made. Where auto is behind base in
 the closed loop but not on any common arrival list, the loss is the traffic, not the choices.
+A run made with `--same-arrivals` served every policy one recorded arrival list per cell and
+round; those lists are replayed too ("the run's arrivals"), the simulator's view of exactly the
+traffic the engine served.
 
     python benchmarks/sim_engine_run.py benchmarks/results/engine_bench_auto_vs_base_flow.json \
         --host-ms 0 17 34 --out benchmarks/results/sim_engine_run_flow
@@ -40,6 +43,8 @@ from vllm_ascend_cpp.sim import (  # noqa: E402
 )
 
 AUTO, BASE = "cpp-auto", "cpp-base"
+# The arrival list of a same-arrivals run (bench_engine.py --same-arrivals), a column of its own.
+RUN = "the run"
 
 
 def policy_kind(name: str) -> tuple[str, int]:
@@ -84,8 +89,10 @@ def replay(data: dict, host_ms: float) -> list[dict]:
         variable = cell.endswith("-var")
         closed: dict[str, list[float]] = {n: [] for n in names}
         makespan: dict[str, list[float]] = {n: [] for n in names}
+        same = bool(meta.get("arrivals_from")) and all(
+            measured[n].get("arrivals_per_rep_s") for n in names)
         common: dict[str, dict[str, list[float]]] = {src: {n: [] for n in names}
-                                                     for src in names}
+                                                     for src in names + [RUN] * same}
         for rnd in range(meta["reps"]):
             lens, _ = cell_lengths(args, k, variable, rnd)
             wl = Workload(concurrency=k, prompt_len=max(lens), output_len=args.output_len,
@@ -94,8 +101,13 @@ def replay(data: dict, host_ms: float) -> list[dict]:
             for n, r in runs.items():
                 closed[n].append(r.mean_ttft_ms)
                 makespan[n].append(r.makespan_ms)
-            for src, r in runs.items():
-                fixed_arrivals = replace(wl, arrivals_ms=tuple(r.arrival_ms))
+            sources = {src: r.arrival_ms for src, r in runs.items()}
+            if same:
+                # A same-arrivals run: every policy served these times, so the simulator can
+                # serve exactly what the engine did.
+                sources[RUN] = [t * 1e3 for t in measured[names[0]]["arrivals_per_rep_s"][rnd]]
+            for src, times in sources.items():
+                fixed_arrivals = replace(wl, arrivals_ms=tuple(times))
                 for n, p in pols.items():
                     common[src][n].append(simulate_policy(engine, p, fixed_arrivals).mean_ttft_ms)
 
@@ -105,12 +117,12 @@ def replay(data: dict, host_ms: float) -> list[dict]:
                "closed_auto_vs_base": ratio(closed, kinds, AUTO, BASE),
                "closed_makespan_auto_vs_base": ratio(makespan, kinds, AUTO, BASE),
                "same_arrivals_auto_vs_base": {src: ratio(common[src], kinds, AUTO, BASE)
-                                              for src in names}}
+                                              for src in common}}
         if "fixed" in kinds:
             row["measured_auto_vs_fixed"] = ratio(measured_ms, kinds, AUTO, "fixed")
             row["closed_auto_vs_fixed"] = ratio(closed, kinds, AUTO, "fixed")
             row["same_arrivals_auto_vs_fixed"] = {src: ratio(common[src], kinds, AUTO, "fixed")
-                                                  for src in names}
+                                                  for src in common}
         rows.append(row)
     return rows
 
@@ -126,7 +138,11 @@ def markdown(rows: list[dict], source: str, command: str) -> str:
              f"Command: `{command}`", "",
              f"Source: `{source}` (its served model and prompt lengths, every round). "
              "Closed loop as the bench runs it, then every policy on the arrival times each "
-             "policy's closed loop made. Geometric means over the rounds.", "",
+             "policy's closed loop made"
+             + ("; the run served the same arrivals to every policy (bench_engine.py "
+                "--same-arrivals), so its measured ratios compare with the column on the "
+                "run's arrivals" if RUN in names else "")
+             + ". Geometric means over the rounds.", "",
              head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         same_b = " | ".join(f"{r['same_arrivals_auto_vs_base'][n]:.3f}" for n in names)

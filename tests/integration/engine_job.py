@@ -21,6 +21,10 @@ tests, and vLLM's spawn rules are met (this file has the `__main__` guard). SPEC
   chunk; needs cpp_config.trace_file).
 - bench_policy (driver "sync", in-process engine core): {"mode", "budget"} passed to
   CppRuntime.set_bench_policy before the batch (the benchmark-only policy switch).
+- bench_clients (driver "sync", in-process engine core): serve the batch with the engine
+  benchmark's step-driven clients instead of `LLM.generate`, {"k": N} closed loop or
+  {"arrivals": [...]} open loop (benchmarks/bench_engine.py); the batch result is their
+  figures under "bench".
 - rss_every_s (driver "async"): also sample resident memory every so many seconds.
 - tracemalloc_from (driver "sync", in-process engine core): the index of the first batch
   whose memory counts; `tracemalloc` in the result holds the bytes that the plugin's own
@@ -151,6 +155,9 @@ def _sync_batch_in_env(llm: Any, batch: dict) -> dict:
         scheduler = compat.inproc_scheduler(llm)
         assert scheduler is not None, "bench_policy needs VLLM_ENABLE_V1_MULTIPROCESSING=0"
         scheduler.cpp.set_bench_policy(policy.get("mode"), policy.get("budget"))
+    clients = batch.get("bench_clients")
+    if clients is not None:
+        return {"bench": _bench_clients(llm, prompts, max_tokens[0], clients)}
     groups = ([list(range(len(prompts)))] if batch.get("concurrent", True)
               else [[i] for i in range(len(prompts))])
     outs: list[dict] = []
@@ -162,6 +169,17 @@ def _sync_batch_in_env(llm: Any, batch: dict) -> dict:
         )
         outs += [_record(o, lp) for o in results]
     return {"outputs": outs, "wall_s": time.perf_counter() - start}
+
+
+def _bench_clients(llm: Any, prompts: list[list[int]], out_len: int, clients: dict) -> dict:
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for benchmarks/
+    from benchmarks import bench_engine
+
+    if "arrivals" in clients:
+        return bench_engine.replay_arrivals(llm, prompts, clients["arrivals"], out_len)
+    return bench_engine.closed_loop_steps(llm, prompts, clients["k"], out_len)
 
 
 def run_sync(spec: dict, result: dict, result_path: str) -> int:

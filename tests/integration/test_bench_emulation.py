@@ -1,4 +1,5 @@
-"""The one-engine benchmark's fixed budget schedules exactly what vLLM's own budget does.
+"""The one-engine benchmark's fixed budget schedules exactly what vLLM's own budget does,
+and its clients (closed loop, and the same-arrivals replay) drive the real engine as they say.
 
 `benchmarks/bench_engine.py --one-engine` serves every policy from one engine and emulates a
 fixed chunk of N tokens as a per-step budget of N (CppRuntime.set_bench_policy). That is only a
@@ -59,3 +60,38 @@ def test_emulated_fixed_budget_matches_vllms_own(engine_root: Path) -> None:
     for batch in range(len(BATCHES)):
         assert [o["token_ids"] for o in a.outputs(batch)] == \
             [o["token_ids"] for o in b.outputs(batch)]
+
+
+LENGTHS = [700, 500, 900, 600]
+OUT = 3
+
+
+def test_bench_clients_close_the_loop_and_replay_arrivals_open_loop(engine_root: Path) -> None:
+    root = engine_root / "bench_clients"
+    # The idle gap: the third prompt arrives long after the first two are served, so only an
+    # open-loop driver that waits for it (not one that submits when the engine goes idle)
+    # gives it a non-negative wait and the run its full length.
+    arrivals = [0.0, 0.0, 2.5, 2.6]
+    batches = [{"lengths": LENGTHS, "seed": 21, "max_tokens": OUT, "bench_clients": c}
+               for c in ({"k": 2}, {"arrivals": arrivals})]
+    (run,) = run_engine_jobs(root, [{"label": "clients", "engine": {
+        "max_num_batched_tokens": 512, "cpp_config": cpp_on(root / "clients")},
+        "batches": batches}], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    closed, replay = (run.result["batches"][i]["bench"] for i in range(2))
+    for figures in (closed, replay):
+        assert figures["output_tokens"] == OUT * len(LENGTHS)
+        assert all(0 < t <= e for t, e in zip(figures["ttfts_s"], figures["e2e_s"]))
+    # Closed loop with 2 clients: both start at once, and a later prompt is submitted only
+    # when a client's last request has finished, so never more than 2 are in flight.
+    got = closed["arrivals_s"]
+    assert got[:2] == [0.0, 0.0]
+    finishes = sorted(a + e for a, e in zip(got, closed["e2e_s"]))
+    assert got[2] >= finishes[0] and got[3] >= finishes[1]
+    for t in got:
+        assert sum(a <= t < a + e for a, e in zip(got, closed["e2e_s"])) <= 2
+    # Open loop: every prompt added at or after its arrival, the arrivals kept as given.
+    assert replay["arrivals_s"] == arrivals
+    assert all(lag >= 0 for lag in replay["submit_lag_s"])
+    assert replay["wall_s"] >= arrivals[-1]
+    # The trace saw all four prompts' prefills in each batch.
+    assert sum(1 for line in run.trace() for r in line["requests"] if r["history"] == 0) >= 8

@@ -137,3 +137,68 @@ def test_new_step_shapes_counts_token_counts_the_engine_had_not_run() -> None:
     assert be.new_step_shapes(before, lines) == 2
     assert be.new_step_shapes(before | {1500, 7}, lines) == 0
     assert be.new_step_shapes(set(), []) == 0
+
+
+def _served(ttft: float, e2e: float, closed: float | None = None) -> dict:
+    r = {"mean_ttft_s": ttft, "throughput_tok_s": 10.0, "cv": None, "bubble_fraction": None,
+         "mean_e2e_s": e2e}
+    if closed is not None:
+        r["closed_loop"] = {"mean_ttft_s": closed}
+    return r
+
+
+def test_same_arrival_runs_report_end_to_end_and_the_recording_closed_loop() -> None:
+    runs = {
+        "fixed-1024": [{"results": {"c2-fixed": _served(t, e, c)}}
+                       for t, e, c in ((1.0, 4.0, 0.9), (1.1, 4.2, 1.0), (1.0, 4.1, 0.95))],
+        "cpp-auto-8192": [{"results": {"c2-fixed": _served(t, e)}}
+                          for t, e in ((0.9, 3.6), (1.0, 3.9), (0.95, 3.7))],
+    }
+    table = be.summarise(runs)
+    cell = table["c2-fixed"]
+    assert cell["fixed-1024"]["closed_loop_ttft_per_rep_ms"] == pytest.approx([900, 1000, 950])
+    assert "closed_loop_ttft_per_rep_ms" not in cell["cpp-auto-8192"]
+    e2e = be.pair(cell, "cpp-auto-8192", "fixed-1024", "e2e")
+    assert e2e is not None and [round(v, 3) for v in e2e.values] == [0.9, 0.929, 0.902]
+    meta = {"command": "x", "prompt_len": 16384, "output_len": 128, "reps": 3,
+            "attention_share": 0.5, "mode": "one-engine", "arrivals_from": "fixed-1024",
+            "arrival_jitter_s": 0.5}
+    text = be.markdown(table, meta)
+    assert "the same for every policy" in text and "U[0, 0.5 s)" in text
+    assert "end-to-end / tuned fixed" in text
+    # Auto over fixed, TTFT then end-to-end, in the every-pair table.
+    assert "| cpp-auto-8192 | 0.919x [0.900-0.950]; 0.910x [0.900-0.929] | - |" in text
+    assert "fixed-1024's closed loop, which recorded the arrivals: TTFT per round " \
+        "900/1000/950 ms" in text
+    # Its replay over its own closed loop: 1/0.9, 1.1/1.0, 1.0/0.95.
+    assert "(per round 1.111/1.100/1.053;" in text
+    assert be.pair_ratios(table)["c2-fixed"]["cpp-auto-8192"]["fixed-1024"]["e2e"]
+    # A run that recorded no end-to-end times (every committed run before the mode) keeps
+    # its table as it was.
+    for reps in runs.values():
+        for r in reps:
+            del r["results"]["c2-fixed"]["mean_e2e_s"]
+    meta.pop("arrivals_from")
+    plain = be.markdown(be.summarise(runs), meta)
+    assert "end-to-end" not in plain and "same for every policy" not in plain
+    assert "every other" not in plain
+
+
+def test_recorded_arrivals_are_jittered_after_the_first_wave_and_stay_sorted() -> None:
+    times = [0.0, 0.0, 3.0, 3.2, 7.0]
+    out = be.jittered_arrivals(times, seed=5)
+    assert out[:2] == [0.0, 0.0] and out == sorted(out)
+    assert all(t <= j < t + be.ARRIVAL_JITTER_S for t, j in zip(times[2:], out[2:]))
+    assert out == be.jittered_arrivals(times, seed=5) != be.jittered_arrivals(times, seed=6)
+
+
+def test_the_arrival_source_is_named_or_the_first_fixed_budget() -> None:
+    pols = be.policies(16384, [1024, 2048], 8192)
+    args = be.build_parser().parse_args(["--same-arrivals"])
+    assert be.arrival_source(pols, args)["name"] == "fixed-1024"
+    args = be.build_parser().parse_args(["--same-arrivals", "--arrivals-from", "cpp-base-2048"])
+    assert be.arrival_source(pols, args)["name"] == "cpp-base-2048"
+    with pytest.raises(SystemExit, match="no policy 'fixed-999'"):
+        be.arrival_source(pols, be.build_parser().parse_args(
+            ["--same-arrivals", "--arrivals-from", "fixed-999"]))
+    assert be.arrival_source(pols, be.build_parser().parse_args([])) is None

@@ -247,6 +247,24 @@ def test_simulate_trace_policy_predicts_each_policy():
         simulate_trace_policy(REPORT, policy="fixed")
 
 
+def test_simulate_trace_policy_replays_given_arrivals():
+    lens = [6000, 6000, 6000]
+    alone = simulate_trace_policy(REPORT, policy="cpp-base", prompt_lens=lens[:1],
+                                  output_len=4).mean_ttft_ms
+    # Arrivals far enough apart that nobody queues: every prompt is served as if alone,
+    # though three clients would have sent all three at once.
+    apart = simulate_trace_policy(REPORT, policy="cpp-base", prompt_lens=lens, output_len=4,
+                                  concurrency=3, arrivals_ms=[0.0, 1e6, 2e6])
+    assert apart.ttft_ms == pytest.approx([alone] * 3, rel=1e-6)
+    together = simulate_trace_policy(REPORT, policy="cpp-base", prompt_lens=lens,
+                                     output_len=4, concurrency=3)
+    assert together.mean_ttft_ms > 1.5 * alone
+    with pytest.raises(ValueError):  # one time per prompt
+        simulate_trace_policy(REPORT, policy="fixed", prompt_lens=lens, arrivals_ms=[0.0])
+    with pytest.raises(ValueError):  # times need prompts to belong to
+        simulate_trace_policy(REPORT, policy="fixed", prompt_len=1000, arrivals_ms=[0.0])
+
+
 def test_refit_from_trace_recovers_the_model_and_feeds_the_prediction():
     lines = []
     for k in range(60):

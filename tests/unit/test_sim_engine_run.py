@@ -64,3 +64,33 @@ def test_replay_pairs_rounds_and_replays_each_policys_arrivals(tmp_path) -> None
     assert rows[2]["same_arrivals_auto_vs_base"]["cpp-base-512"] == pytest.approx(direct)
     text = out.with_suffix(".md").read_text()
     assert "cpp-auto-8192's arrivals" in text and "| 2 | c2-var |" in text
+
+
+def test_a_same_arrivals_run_is_also_replayed_on_the_arrivals_it_served(tmp_path) -> None:
+    data = results()
+    data["meta"]["arrivals_from"] = "fixed-1024"
+    # Round 0 spreads the second wave far apart (nobody queues), round 1 sends it at once.
+    served = [[0.0, 0.0, 100.0, 200.0], [0.0, 0.0, 0.0, 0.0]]
+    for cell in data["table"].values():
+        for v in cell.values():
+            v["arrivals_per_rep_s"] = served
+    rows = ser.replay(data, 0.0)
+    assert all(ser.RUN in r["same_arrivals_auto_vs_base"] for r in rows)
+    # Against the simulator run directly on round 0's and round 1's times, fixed prompts.
+    args = build_parser().parse_args(COMMAND.split()[2:])
+    info = load_profile({"coefficients": MODEL.to_dict(), "pp_size": 2})
+    engine = EngineSpec(stages=2, model=MODEL, sched_ms=0.0)
+    base, auto = info.policy("cpp-base", 512), info.policy("cpp-auto", 8192)
+    ratios = []
+    for rnd, times in enumerate(served):
+        lens = tuple(cell_lengths(args, 2, False, rnd)[0])
+        wl = Workload(concurrency=2, prompt_len=max(lens), output_len=8, prompts=lens,
+                      arrivals_ms=tuple(t * 1e3 for t in times))
+        ratios.append(simulate_policy(engine, auto, wl).mean_ttft_ms
+                      / simulate_policy(engine, base, wl).mean_ttft_ms)
+    assert rows[0]["same_arrivals_auto_vs_base"][ser.RUN] == pytest.approx(
+        math.sqrt(ratios[0] * ratios[1]))
+    text = ser.markdown(rows, "run.json", "x")
+    assert "on the run's arrivals" in text and "--same-arrivals" in text
+    # A closed-loop run (no arrivals_from) has no such column.
+    assert ser.RUN not in ser.replay(results(), 0.0)[0]["same_arrivals_auto_vs_base"]
