@@ -378,8 +378,10 @@ def jittered_arrivals(times: list[float], seed: int) -> list[float]:
     return sorted(t + rng.uniform(0.0, ARRIVAL_JITTER_S) if t > 0 else t for t in times)
 
 
-def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> dict:
-    """One-engine mode: every policy on one in-process engine, interleaved cell by cell."""
+def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
+                   source: dict | None = None) -> dict:
+    """One-engine mode: every policy on one in-process engine, interleaved cell by cell; with
+    ``source`` (:func:`arrival_source`) every policy serves the arrivals its closed loop makes."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     set_cpu_env(kv_cache_gib=args.kv_gib)
     from vllm import LLM
@@ -399,7 +401,6 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
     window = {"calibration_window": CppConfig.calibration_window}
     llm = LLM(**engine_kwargs(args, model_dir, budget, cpp_settings(trace_path, work, window)))
     runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
-    source = arrival_source(pols, args)
     try:
         scheduler = compat.inproc_scheduler(llm)
         if scheduler is None or not hasattr(scheduler, "cpp"):
@@ -455,7 +456,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path) -> di
 def arrival_source(pols: list[dict], args: argparse.Namespace) -> dict | None:
     """The policy whose closed loop records each cell's arrivals (``--same-arrivals``): the
     one named by ``--arrivals-from``, else the first fixed budget run; None without the flag."""
-    if not getattr(args, "same_arrivals", False):
+    if not args.same_arrivals:
         return None
     name = args.arrivals_from or next((p["name"] for p in pols
                                        if p["cpp"].get("target") == "fixed"), None)
@@ -911,7 +912,7 @@ def main() -> int:
         pols = [p for p in pols if p["name"] in args.only]
     source = arrival_source(pols, args)  # a bad --arrivals-from fails before the engine starts
     if args.one_engine:
-        runs = run_one_engine(pols, args, work)
+        runs = run_one_engine(pols, args, work, source)
     else:
         runs = {p["name"]: [] for p in pols}
         for rnd in range(args.reps):
