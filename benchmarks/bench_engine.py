@@ -62,6 +62,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import cell_speed  # noqa: E402
 from benchmarks import ratio_stats as rs  # noqa: E402
 from benchmarks.engine_setup import (  # noqa: E402
     BENCH_MODEL,
@@ -71,6 +72,7 @@ from benchmarks.engine_setup import (  # noqa: E402
     engine_kwargs,
 )
 from vllm_ascend_cpp.config import CppConfig  # noqa: E402
+from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import native_dtype, set_cpu_env  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
@@ -200,9 +202,13 @@ def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
     # + earlier steps), so it is a forecast, not a fit to the answer.
     predicted = predict_ttft_s(pol, sim_report, seen[-FORECAST_WINDOW:], k, lens,
                                args.output_len, arrivals_s)
+    coefficients = sim_report.get("coefficients")
     return {"mark": mark, "predicted": predicted, "lens": lens,
             "shapes_before": {t["num_tokens"] for t in seen},
-            "load_before": os.getloadavg()[0], "cpu_before": time.process_time()}
+            "load_before": os.getloadavg()[0], "cpu_before": time.process_time(),
+            "steal_before": cell_speed.steal_s(),
+            # The startup sweep's model, fixed for the run: the yardstick of machine speed.
+            "sweep_model": LatencyModel.from_dict(coefficients) if coefficients else None}
 
 
 def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
@@ -220,6 +226,11 @@ def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
     r["new_shapes"] = new_step_shapes(ctx["shapes_before"], lines)
     # A CPP run in fixed fallback (calibration gave up) measures fixed chunks, not CPP.
     r["steps_by_state"] = dict(Counter(t["state"] for t in lines))
+    steal = cell_speed.steal_s()
+    if steal is not None and ctx["steal_before"] is not None:
+        r["steal_s"] = round(steal - ctx["steal_before"], 2)
+    if ctx["sweep_model"] is not None:
+        r["slowdown"] = cell_speed.cell_slowdown(lines, ctx["sweep_model"])
     print(f"  {pol['name']:>16} {key:>8} TTFT {r['mean_ttft_s']*1000:8.0f} ms  "
           f"thr {r['throughput_tok_s']:6.1f} tok/s  "
           f"CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}  "
@@ -520,6 +531,15 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
                 extra["e2e_ms_median"] = statistics.median(e2e) * 1e3
             if all("arrivals_s" in r for r in res):
                 extra["arrivals_per_rep_s"] = [r["arrivals_s"] for r in res]
+            if all("slowdown" in r for r in res):
+                # Per-request times too: an outlier round can be traced to its request.
+                extra["ttfts_per_rep_ms"] = [[x * 1e3 for x in r["ttfts_s"]] for r in res]
+                extra["e2es_per_rep_ms"] = [[x * 1e3 for x in r.get("e2e_s", [])] for r in res]
+                extra["slowdown_per_rep"] = [r["slowdown"] for r in res]
+                extra["steal_per_rep_s"] = [r.get("steal_s") for r in res]
+                adj = cell_speed.adjusted([x * 1e3 for x in ttft], extra["slowdown_per_rep"])
+                if adj is not None:
+                    extra["ttft_adjusted_per_rep_ms"] = adj
             if len(closed) == len(res):
                 # The recording policy's own closed loop, the run its arrivals came from.
                 extra["closed_loop_ttft_per_rep_ms"] = [x * 1e3 for x in closed]
@@ -560,7 +580,7 @@ def tuned_fixed(pols: dict) -> str | None:
 def pair(pols: dict, name: str, base: str, metric: str) -> rs.Ratio | None:
     """Round-by-round ratio of ``name`` over ``base`` (TTFT, or throughput when recorded)."""
     field = {"ttft": "ttft_per_rep_ms", "throughput": "throughput_per_rep",
-             "e2e": "e2e_per_rep_ms"}[metric]
+             "e2e": "e2e_per_rep_ms", "ttft_adjusted": "ttft_adjusted_per_rep_ms"}[metric]
     a, b = pols[name].get(field), pols[base].get(field)
     if not a or not b or len(a) != len(b):
         return None
@@ -631,9 +651,13 @@ def bars(table: dict, meta: dict) -> list[dict]:
             r = pair(pols, a, b, metric)
             if r is None:
                 continue
-            out.append({"key": key, "policy": a, "baseline": b, "metric": metric,
-                        "bar": f"{'<=' if how == 'le' else '>='} {bar:.2f}x",
-                        "ratio": r.to_dict(), "verdict": bar_verdict(r, bar, how)})
+            row = {"key": key, "policy": a, "baseline": b, "metric": metric,
+                   "bar": f"{'<=' if how == 'le' else '>='} {bar:.2f}x",
+                   "ratio": r.to_dict(), "verdict": bar_verdict(r, bar, how)}
+            adj = pair(pols, a, b, "ttft_adjusted") if metric == "ttft" else None
+            if adj is not None:
+                row["adjusted"] = {"ratio": adj.to_dict(), "verdict": bar_verdict(adj, bar, how)}
+            out.append(row)
     return out
 
 
@@ -733,6 +757,7 @@ def markdown(table: dict, meta: dict) -> str:
                           + "/".join(f"{x:.3f}" for x in own.values)
                           + "; one policy on nearly the same traffic, so the spread a round "
                           "has without any change of policy)."]
+        lines += speed_lines(pols)
         names = fixed_names(pols)
         others = [n for n in pols if n not in names]
         if names and others:
@@ -792,15 +817,47 @@ def markdown(table: dict, meta: dict) -> str:
               f"off (worst {worst:.1%}).", ""]
     b = bars(table, meta)
     if b:
+        adjusted = any("adjusted" in row for row in b)
         lines += ["## Bars (issues 13 and 14)", "",
-                  "| setting | policy | against | metric | bar | ratio [95% interval] | result |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| setting | policy | against | metric | bar | ratio [95% interval] | result |"
+                  + (" TTFT at usual speed | result at usual speed |" if adjusted else ""),
+                  "|---|---|---|---|---|---|---|" + "---|---|" * adjusted]
         for row in b:
+            adj = row.get("adjusted")
+            more = (f" {adj['ratio']['quoted']} | {adj['verdict']} |" if adj else " - | - |") \
+                if adjusted else ""
             lines.append(f"| {row['key']} | {row['policy']} | {row['baseline']} | "
                          f"{row['metric']} | {row['bar']} | {row['ratio']['quoted']} | "
-                         f"{row['verdict']} |")
+                         f"{row['verdict']} |{more}")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def speed_lines(pols: dict) -> list[str]:
+    """The machine's speed in each cell (`cell_speed`) and the TTFT pairs at each policy's
+    usual speed; nothing for runs that did not record it."""
+    if not all(v.get("ttft_adjusted_per_rep_ms") for v in pols.values()):
+        return []
+    out = ["", "Machine speed in each cell (`benchmarks/cell_speed.py`): the wall time of the "
+           "cell's prefill steps over the startup sweep's model (median), each round over "
+           "the policy's own median round (above 1: the machine ran slower than usual for "
+           "that policy), the hypervisor's steal time, and the TTFT at the usual speed (TTFT "
+           "over the relative slowdown):", "",
+           "| policy | slowdown per round, over its median round | steal s per round | "
+           "TTFT per round at its usual speed ms |", "|---|---|---|---|"]
+    for name, v in pols.items():
+        rel = cell_speed.relative(v["slowdown_per_rep"]) or []
+        steal = "/".join("-" if x is None else f"{x:.1f}" for x in v["steal_per_rep_s"])
+        out.append(f"| {name} | " + "/".join(f"{x:.3f}" for x in rel) + f" | {steal} | "
+                   + "/".join(f"{x:.0f}" for x in v["ttft_adjusted_per_rep_ms"]) + " |")
+    out += ["", "TTFT at each policy's usual speed, every policy against every other (row over "
+            "column):", "", "| policy | " + " | ".join(pols) + " |",
+            "|---|" + "---|" * len(pols)]
+    for name in pols:
+        out.append(f"| {name} | " + " | ".join(
+            "-" if o == name else _q(pair(pols, name, o, "ttft_adjusted")) for o in pols)
+            + " |")
+    return out
 
 
 def same_arrivals_lines(meta: dict) -> list[str]:

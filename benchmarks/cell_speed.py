@@ -1,0 +1,91 @@
+"""How fast the machine ran during one benchmark cell, apart from the policy it served.
+
+The 2-core VM the benchmarks run on changes speed for tens of seconds at a time. In the
+16k same-arrivals run (`engine_bench_auto_vs_base_same_16k`) auto's first 14 steps, the same
+chunks in every round, took 415-488 ms in rounds 1 and 4 and 546-688 ms in round 5; base's
+never moved by more than 5%. A 30-second cell that meets such a stretch is 10-40% slower for
+reasons no policy controls, and five rounds do not average that away.
+
+Two figures per cell, neither of which depends on which policy ran:
+
+* ``slowdown``: the median over the cell's prefill steps of the wall time each step took (the
+  interval between its trace line and the one before; the lines are stamped as each step's
+  output comes back) over the startup sweep's latency model. The sweep model is fixed for the
+  whole run, so the figure moves with the machine; its bias for a policy's step shapes is the
+  same in every round and cancels when each policy's rounds are taken over its own median
+  (:func:`relative`).
+* ``steal_s``: CPU time the hypervisor gave to other guests during the cell (``/proc/stat``),
+  where the kernel reports it.
+
+:func:`adjusted` divides each round's TTFT by that round's relative slowdown: a round run
+while the machine was 30% slow counts as if at the policy's usual speed. The raw figures stay
+the verdicts; the adjusted ones say how much of a spread is the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# An interval this much longer than the model's forecast is an idle wait for an arrival, not a
+# slow step; the median would mostly ignore it, a short cell may not.
+IDLE_FACTOR = 5.0
+
+
+def steal_s(stat_path: str = "/proc/stat") -> float | None:
+    """Seconds of steal time since boot, summed over CPUs; None where not reported."""
+    try:
+        with open(stat_path, encoding="ascii") as fh:
+            fields = fh.readline().split()
+    except OSError:
+        return None
+    # "cpu user nice system idle iowait irq softirq steal ...": steal is the 8th counter.
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def _items(line: Mapping) -> list[tuple[int, int]]:
+    items = [(int(r.get("history") or 0), int(r.get("chunk") or 0))
+             for r in line.get("requests") or ()]
+    n = int(line.get("decodes") or 0)
+    if n:
+        # One decode carries the summed history: the model is linear in the sums.
+        items += [(int(line.get("decode_history") or 0), 1)] + [(0, 1)] * (n - 1)
+    return items
+
+
+def cell_slowdown(lines: Sequence[Mapping], model: Any) -> float | None:
+    """Median over the cell's prefill steps of the step's wall interval over ``model``'s
+    forecast of it (``model.step_ms``); None with no such step."""
+    ratios = []
+    for prev, line in zip(lines, lines[1:]):
+        if not line.get("requests"):
+            continue
+        t0, t1 = prev.get("time"), line.get("time")
+        if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
+            continue
+        forecast = model.step_ms(_items(line))
+        wall = (t1 - t0) * 1e3
+        if forecast > 0 and 0 < wall < IDLE_FACTOR * forecast:
+            ratios.append(wall / forecast)
+    return statistics.median(ratios) if ratios else None
+
+
+def relative(slowdowns: Sequence[float | None]) -> list[float] | None:
+    """Each round's slowdown over the median round's (None unless every round has one)."""
+    if not slowdowns or any(s is None or s <= 0 for s in slowdowns):
+        return None
+    mid = statistics.median(slowdowns)
+    return [s / mid for s in slowdowns]
+
+
+def adjusted(ttfts: Sequence[float], slowdowns: Sequence[float | None]) -> list[float] | None:
+    """Each round's TTFT at the policy's median-round machine speed (None when a round has
+    no slowdown)."""
+    rel = relative(slowdowns)
+    if rel is None or len(rel) != len(ttfts):
+        return None
+    return [t / r for t, r in zip(ttfts, rel)]
