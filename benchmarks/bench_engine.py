@@ -231,6 +231,9 @@ def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
         r["steal_s"] = round(steal - ctx["steal_before"], 2)
     if ctx["sweep_model"] is not None:
         r["slowdown"] = cell_speed.cell_slowdown(lines, ctx["sweep_model"])
+        if "start_wall" in r and "arrivals_s" in r:
+            r["request_slowdowns"] = cell_speed.request_slowdowns(
+                lines, ctx["sweep_model"], r["start_wall"], r["arrivals_s"], r["ttfts_s"])
     print(f"  {pol['name']:>16} {key:>8} TTFT {r['mean_ttft_s']*1000:8.0f} ms  "
           f"thr {r['throughput_tok_s']:6.1f} tok/s  "
           f"CV {r['cv'] if r['cv'] is None else round(r['cv'], 3)}  "
@@ -326,6 +329,8 @@ def _serve_steps(llm: Any, prompts: list[list[int]], out_len: int, *, k: int = 0
     lag: dict[int, float] = {}
     out_tokens = 0
     start = time.perf_counter()
+    # The trace stamps steps with the wall clock: this places each request's wait among them.
+    start_wall = time.time()
 
     def add(i: int, now: float) -> None:
         arrivals.setdefault(i, now)
@@ -361,6 +366,7 @@ def _serve_steps(llm: Any, prompts: list[list[int]], out_len: int, *, k: int = 0
                 if closed and pending:
                     add(pending.pop(0), time.perf_counter() - start)
     out = run_figures(ttfts, out_tokens, time.perf_counter() - start, e2e, arrivals)
+    out["start_wall"] = start_wall
     if not closed:
         out["submit_lag_s"] = [lag[i] for i in sorted(lag)]
     return out
@@ -440,7 +446,13 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
                 arrivals, recorded = None, None
                 if source is not None:
                     runtime.set_bench_policy(bench_mode(source), source["budget"])
+                    mark = len(trace.read())
                     recorded = closed_loop_steps(llm, prompts, k, args.output_len)
+                    if report.get("coefficients"):
+                        # The machine's speed here too: a slow stretch that starts in the
+                        # recording loop and runs on into the next cell is the machine's.
+                        recorded["slowdown"] = cell_speed.cell_slowdown(
+                            trace.read()[mark:], LatencyModel.from_dict(report["coefficients"]))
                     arrivals = jittered_arrivals(recorded["arrivals_s"], 1000 * rnd + c)
                     print(f"  {source['name']:>16} {key:>8} closed loop (records the arrivals) "
                           f"TTFT {recorded['mean_ttft_s'] * 1000:8.0f} ms", flush=True)
@@ -532,14 +544,7 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
             if all("arrivals_s" in r for r in res):
                 extra["arrivals_per_rep_s"] = [r["arrivals_s"] for r in res]
             if all("slowdown" in r for r in res):
-                # Per-request times too: an outlier round can be traced to its request.
-                extra["ttfts_per_rep_ms"] = [[x * 1e3 for x in r["ttfts_s"]] for r in res]
-                extra["e2es_per_rep_ms"] = [[x * 1e3 for x in r.get("e2e_s", [])] for r in res]
-                extra["slowdown_per_rep"] = [r["slowdown"] for r in res]
-                extra["steal_per_rep_s"] = [r.get("steal_s") for r in res]
-                adj = cell_speed.adjusted([x * 1e3 for x in ttft], extra["slowdown_per_rep"])
-                if adj is not None:
-                    extra["ttft_adjusted_per_rep_ms"] = adj
+                extra.update(speed_fields(res))
             if len(closed) == len(res):
                 # The recording policy's own closed loop, the run its arrivals came from.
                 extra["closed_loop_ttft_per_rep_ms"] = [x * 1e3 for x in closed]
@@ -566,6 +571,29 @@ def summarise(runs: dict[str, list[dict]], args: argparse.Namespace | None = Non
                 **extra,
             }
     return table
+
+
+def speed_fields(res: list[dict]) -> dict:
+    """A cell's machine-speed figures over its rounds (`cell_speed`), with the per-request
+    times they adjust: an outlier round can be traced to its requests."""
+    out = {"ttfts_per_rep_ms": [[x * 1e3 for x in r["ttfts_s"]] for r in res],
+           "e2es_per_rep_ms": [[x * 1e3 for x in r.get("e2e_s", [])] for r in res],
+           "slowdown_per_rep": [r["slowdown"] for r in res],
+           "steal_per_rep_s": [r.get("steal_s") for r in res],
+           "start_wall_per_rep": [r.get("start_wall") for r in res]}
+    if all("request_slowdowns" in r for r in res):
+        out["request_slowdowns_per_rep"] = [r["request_slowdowns"] for r in res]
+        adj = cell_speed.adjusted_by_request(out["ttfts_per_rep_ms"],
+                                             out["request_slowdowns_per_rep"])
+    else:
+        adj = cell_speed.adjusted([r["mean_ttft_s"] * 1e3 for r in res], out["slowdown_per_rep"])
+    if adj is not None:
+        out["ttft_adjusted_per_rep_ms"] = adj
+    closed = [r.get("closed_loop") or {} for r in res]
+    if all("slowdown" in c for c in closed):
+        out["closed_loop_slowdown_per_rep"] = [c["slowdown"] for c in closed]
+        out["closed_loop_start_wall_per_rep"] = [c.get("start_wall") for c in closed]
+    return out
 
 
 def fixed_names(pols: dict) -> list[str]:
@@ -834,22 +862,35 @@ def markdown(table: dict, meta: dict) -> str:
 
 
 def speed_lines(pols: dict) -> list[str]:
-    """The machine's speed in each cell (`cell_speed`) and the TTFT pairs at each policy's
-    usual speed; nothing for runs that did not record it."""
+    """The machine's speed in each cell (`cell_speed`), the cells in run order, and the TTFT
+    pairs at each policy's usual speed; nothing for runs that did not record it."""
     if not all(v.get("ttft_adjusted_per_rep_ms") for v in pols.values()):
         return []
-    out = ["", "Machine speed in each cell (`benchmarks/cell_speed.py`): the wall time of the "
-           "cell's prefill steps over the startup sweep's model (median), each round over "
-           "the policy's own median round (above 1: the machine ran slower than usual for "
-           "that policy), the hypervisor's steal time, and the TTFT at the usual speed (TTFT "
-           "over the relative slowdown):", "",
-           "| policy | slowdown per round, over its median round | steal s per round | "
-           "TTFT per round at its usual speed ms |", "|---|---|---|---|"]
+    by_request = all(v.get("request_slowdowns_per_rep") for v in pols.values())
+    out = ["", "Machine speed in each cell (`benchmarks/cell_speed.py`): the wall time of "
+           "prefill steps over the startup sweep's latency model (one model for the whole run), "
+           "each round over the policy's own median round, so above 1 the machine ran slower "
+           "than usual for that policy"
+           + ("; the same over each request's wait for its first token, against that request's "
+              "median round, the slowest request shown; the hypervisor's steal time; and the "
+              "TTFT at the usual speed (each request's TTFT over its slowdown, averaged):"
+              if by_request else "; the hypervisor's steal time; and the TTFT at the usual "
+              "speed (TTFT over the slowdown):"), "",
+           "| policy | cell slowdown per round | "
+           + ("slowest request's wait per round | " if by_request else "")
+           + "steal s per round | TTFT per round at its usual speed ms |",
+           "|---|---|---|---|" + "---|" * by_request]
     for name, v in pols.items():
         rel = cell_speed.relative(v["slowdown_per_rep"]) or []
+        worst = ""
+        if by_request:
+            per = cell_speed.request_relative(v["request_slowdowns_per_rep"]) or []
+            worst = "/".join(f"{max((f for f in r if f is not None), default=1.0):.3f}"
+                             for r in per) + " | "
         steal = "/".join("-" if x is None else f"{x:.1f}" for x in v["steal_per_rep_s"])
-        out.append(f"| {name} | " + "/".join(f"{x:.3f}" for x in rel) + f" | {steal} | "
+        out.append(f"| {name} | " + "/".join(f"{x:.3f}" for x in rel) + f" | {worst}{steal} | "
                    + "/".join(f"{x:.0f}" for x in v["ttft_adjusted_per_rep_ms"]) + " |")
+    out += run_order_lines(pols)
     out += ["", "TTFT at each policy's usual speed, every policy against every other (row over "
             "column):", "", "| policy | " + " | ".join(pols) + " |",
             "|---|" + "---|" * len(pols)]
@@ -858,6 +899,29 @@ def speed_lines(pols: dict) -> list[str]:
             "-" if o == name else _q(pair(pols, name, o, "ttft_adjusted")) for o in pols)
             + " |")
     return out
+
+
+def run_order_lines(pols: dict) -> list[str]:
+    """Each round's cells in the order they ran, with their cell slowdown: a slow stretch
+    that spans cells of different policies is the machine's, not a policy's."""
+    cells: list[list[tuple[float, str, float]]] = []
+    for name, v in pols.items():
+        for label, walls, slow in (
+                (name, v.get("start_wall_per_rep"), v["slowdown_per_rep"]),
+                (f"{name} closed loop", v.get("closed_loop_start_wall_per_rep"),
+                 v.get("closed_loop_slowdown_per_rep"))):
+            rel = cell_speed.relative(slow or [])
+            if not walls or rel is None or any(w is None for w in walls):
+                continue
+            for rnd, (w, x) in enumerate(zip(walls, rel)):
+                while len(cells) <= rnd:
+                    cells.append([])
+                cells[rnd].append((w, label, x))
+    if not cells:
+        return []
+    return ["", "Cells in the order they ran, each with its cell slowdown:", ""] + [
+        f"- round {rnd + 1}: " + ", ".join(f"{label} {x:.2f}" for _, label, x in sorted(c))
+        for rnd, c in enumerate(cells)]
 
 
 def same_arrivals_lines(meta: dict) -> list[str]:

@@ -17,9 +17,14 @@ Two figures per cell, neither of which depends on which policy ran:
 * ``steal_s``: CPU time the hypervisor gave to other guests during the cell (``/proc/stat``),
   where the kernel reports it.
 
-:func:`adjusted` divides each round's TTFT by that round's relative slowdown: a round run
-while the machine was 30% slow counts as if at the policy's usual speed. The raw figures stay
-the verdicts; the adjusted ones say how much of a spread is the machine.
+:func:`request_slowdowns` takes the slowdown over each request's wait for its first token
+alone: a slow stretch often covers part of a cell (round 5's above: the first wave's 14 steps,
+not the rest), and the requests that waited through it carry it. :func:`adjusted_by_request`
+divides each request's TTFT by its slowdown relative to the same request's median over the
+rounds (the same arrival slot meets the same kind of steps), and averages: the round's TTFT
+at the policy's usual speed. The raw figures stay the verdicts; the adjusted ones say how much
+of a spread is the machine, and the run order of the cells (slow stretches spanning adjacent
+cells of different policies) says whether it was.
 """
 
 from __future__ import annotations
@@ -74,6 +79,23 @@ def cell_slowdown(lines: Sequence[Mapping], model: Any) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
+def request_slowdowns(lines: Sequence[Mapping], model: Any, start_wall: float,
+                      arrivals_s: Sequence[float], ttfts_s: Sequence[float]) -> list[float | None]:
+    """Per request, the slowdown (:func:`cell_slowdown`) of the steps that finished while it
+    waited for its first token: from its arrival (``start_wall`` + arrival, wall clock as the
+    trace stamps) to its first token. A stretch of slow machine within a cell lands on the
+    requests that waited through it; None for a request no prefill step finished for."""
+    out: list[float | None] = []
+    times = [ln.get("time") for ln in lines]
+    for arrival, ttft in zip(arrivals_s, ttfts_s):
+        lo, hi = start_wall + arrival, start_wall + arrival + ttft
+        inside = [i for i, t in enumerate(times) if isinstance(t, (int, float)) and lo <= t <= hi]
+        # The line before the first one inside opens that step's interval.
+        out.append(cell_slowdown(lines[max(0, inside[0] - 1):inside[-1] + 1], model)
+                   if inside else None)
+    return out
+
+
 def relative(slowdowns: Sequence[float | None]) -> list[float] | None:
     """Each round's slowdown over the median round's (None unless every round has one)."""
     if not slowdowns or any(s is None or s <= 0 for s in slowdowns):
@@ -83,9 +105,35 @@ def relative(slowdowns: Sequence[float | None]) -> list[float] | None:
 
 
 def adjusted(ttfts: Sequence[float], slowdowns: Sequence[float | None]) -> list[float] | None:
-    """Each round's TTFT at the policy's median-round machine speed (None when a round has
-    no slowdown)."""
+    """Each round's TTFT at the policy's median-round machine speed, one slowdown per round
+    (None when a round has none)."""
     rel = relative(slowdowns)
     if rel is None or len(rel) != len(ttfts):
         return None
     return [t / r for t, r in zip(ttfts, rel)]
+
+
+def request_relative(slowdowns: Sequence[Sequence[float | None]]
+                     ) -> list[list[float | None]] | None:
+    """Per round, each request's slowdown over the same request's median over the rounds
+    (the same arrival slot, the same kind of steps); None when the rounds do not line up."""
+    if not slowdowns or any(len(s) != len(slowdowns[0]) for s in slowdowns):
+        return None
+    usual = []
+    for i in range(len(slowdowns[0])):
+        seen = [s[i] for s in slowdowns if s[i] is not None and s[i] > 0]
+        usual.append(statistics.median(seen) if seen else None)
+    return [[None if u is None or f is None or f <= 0 else f / u for f, u in zip(s, usual)]
+            for s in slowdowns]
+
+
+def adjusted_by_request(ttfts: Sequence[Sequence[float]],
+                        slowdowns: Sequence[Sequence[float | None]]) -> list[float] | None:
+    """Each round's mean TTFT with every request at its usual speed: its TTFT over its
+    :func:`request_relative` slowdown. A request without a slowdown counts as it ran. None
+    when the rounds do not line up."""
+    rel = request_relative(slowdowns)
+    if rel is None or len(ttfts) != len(rel) or any(len(t) != len(r) for t, r in zip(ttfts, rel)):
+        return None
+    return [statistics.mean(x if f is None else x / f for x, f in zip(t, r))
+            for t, r in zip(ttfts, rel)]

@@ -18,9 +18,10 @@ from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
 MODEL = LatencyModel(a=1.3e-5, b=0.1, c=2.0, gamma=0.002, d=1e-6)
 
 
-def _steps(slow: float) -> list[dict]:
+def _steps(slow: float, late: float | None = None) -> list[dict]:
     """A cell's trace lines, each stamped ``slow`` times the model's forecast of its step
-    after the line before; step 3 follows an idle wait for an arrival."""
+    after the line before (``late`` from step 4 on, when given); step 3 follows an idle wait
+    for an arrival."""
     shapes = [  # (prefills as (history, chunk), decode histories)
         ([(0, 2048)], []), ([(2048, 1408), (0, 128)], []), ([], [5000, 7000]),
         ([(3456, 1152)], [5001, 7001]), ([(128, 2944)], [9000]), ([(4608, 1024)], []),
@@ -29,7 +30,8 @@ def _steps(slow: float) -> list[dict]:
     for i, (pre, dec) in enumerate(shapes):
         # The forecast from every decode's own history: the line keeps only their sum.
         ms = MODEL.step_ms(pre + [(h, 1) for h in dec])
-        t += (ms * slow * (20 if i == 3 else 1)) / 1e3
+        f = late if late is not None and i >= 4 else slow
+        t += (ms * f * (20 if i == 3 else 1)) / 1e3
         lines.append({"time": t, "requests": [{"history": h, "chunk": x} for h, x in pre],
                       "decodes": len(dec), "decode_history": sum(dec)})
     return lines
@@ -49,6 +51,36 @@ def test_slowdown_is_the_cells_wall_time_over_the_model_skipping_idle_waits() ->
     assert cell_speed.cell_slowdown(decode_only, MODEL) is None
 
 
+def test_a_slow_stretch_lands_on_the_requests_that_waited_through_it() -> None:
+    lines = _steps(1.0, late=1.5)
+    start = lines[0]["time"]
+    # Request 0 waits for steps 0-2, request 1 for steps 4-5 (it arrives after the idle wait),
+    # request 2 for no step at all.
+    arrivals = [0.0, lines[4]["time"] - start - 1e-6, lines[6]["time"] - start + 1.0]
+    ttfts = [lines[3]["time"] - start, lines[6]["time"] - lines[4]["time"] + 2e-6, 0.1]
+    got = cell_speed.request_slowdowns(lines, MODEL, start, arrivals, ttfts)
+    assert got[0] == pytest.approx(1.0) and got[1] == pytest.approx(1.5) and got[2] is None
+    # The cell as a whole: half its steps slow.
+    assert 1.0 < cell_speed.cell_slowdown(lines, MODEL) < 1.5
+
+
+def test_each_request_is_judged_against_its_own_slot_in_the_other_rounds() -> None:
+    # Request 1 always waits on steps the model prices 10% low; in round 2 the machine was
+    # 40% slow while it waited. Request 0 never met the slow stretch.
+    ttfts = [[1000.0, 3000.0], [1010.0, 4200.0], [990.0, 3030.0]]
+    slow = [[1.0, 1.1], [1.01, 1.54], [0.99, 1.1]]
+    rel = cell_speed.request_relative(slow)
+    assert rel[1] == pytest.approx([1.01, 1.4])
+    # Round 2 at its usual speed: 1010 / 1.01 and 4200 / 1.4.
+    assert cell_speed.adjusted_by_request(ttfts, slow) == pytest.approx(
+        [2000.0, 2000.0, (990.0 / 0.99 + 3030.0) / 2])
+    # Without a slowdown for round 1's request 1, it counts as it ran.
+    assert cell_speed.adjusted_by_request(ttfts, [[1.0, None], [1.0, 1.1], [1.0, 1.1]]) == \
+        pytest.approx([2000.0, 2605.0, 2010.0])
+    assert cell_speed.adjusted_by_request(ttfts, slow[:2]) is None
+    assert cell_speed.request_relative([[1.0], [1.0, 2.0]]) is None
+
+
 def test_adjusted_ttft_takes_out_a_round_the_machine_slowed() -> None:
     # Round 2 ran 40% slow for everything: its TTFT is back in line once adjusted.
     assert cell_speed.adjusted([1000.0, 1400.0, 990.0], [0.9, 1.26, 0.9]) == \
@@ -66,22 +98,29 @@ def test_steal_time_is_read_from_proc_stat(tmp_path: Path) -> None:
     assert cell_speed.steal_s(str(tmp_path / "missing")) is None
 
 
-def _served(ttft: float, slowdown: float) -> dict:
-    return {"mean_ttft_s": ttft, "ttfts_s": [ttft * 0.5, ttft * 1.5], "e2e_s": [4.0, 5.0],
-            "mean_e2e_s": 4.5, "throughput_tok_s": 10.0, "cv": None, "bubble_fraction": None,
-            "slowdown": slowdown, "steal_s": 0.1}
+def _served(ttft: float, slowdown: float, wall: float, closed: float | None = None) -> dict:
+    """A cell's figures; both requests waited through the cell's slowdown."""
+    r = {"mean_ttft_s": ttft, "ttfts_s": [ttft * 0.5, ttft * 1.5], "e2e_s": [4.0, 5.0],
+         "mean_e2e_s": 4.5, "throughput_tok_s": 10.0, "cv": None, "bubble_fraction": None,
+         "slowdown": slowdown, "steal_s": 0.1, "request_slowdowns": [slowdown, slowdown],
+         "start_wall": wall}
+    if closed is not None:
+        r["closed_loop"] = {"mean_ttft_s": ttft, "slowdown": closed, "start_wall": wall - 50}
+    return r
 
 
 def test_tables_give_the_bars_at_each_policys_usual_speed() -> None:
     # Auto's round 2 met a slow machine (1.3x its usual steps): raw it is about 1% below base
     # in every round but that one, and the slow round's 29% over decides the interval.
+    # Cells ran 100 s apart per round, auto's first in round 2, right after the recording
+    # closed loop, which met the slow stretch too.
     runs = {
-        "fixed-1024": [{"results": {"c2-fixed": _served(t, s)}}
-                       for t, s in ((1.00, 1.0), (1.00, 1.0), (1.00, 1.0))],
-        "cpp-base-2048": [{"results": {"c2-fixed": _served(t, s)}}
-                          for t, s in ((0.95, 0.9), (0.96, 0.9), (0.95, 0.9))],
-        "cpp-auto-8192": [{"results": {"c2-fixed": _served(t, s)}}
-                          for t, s in ((0.94, 0.8), (1.24, 1.04), (0.94, 0.8))],
+        "fixed-1024": [{"results": {"c2-fixed": _served(1.0, 1.0, 1000 * r + 30, c)}}
+                       for r, c in enumerate((1.2, 1.7, 1.25))],
+        "cpp-base-2048": [{"results": {"c2-fixed": _served(t, 0.9, 1000 * r + 20)}}
+                          for r, t in enumerate((0.95, 0.96, 0.95))],
+        "cpp-auto-8192": [{"results": {"c2-fixed": _served(t, s, 1000 * r + 10)}}
+                          for r, (t, s) in enumerate(((0.94, 0.8), (1.24, 1.04), (0.94, 0.8)))],
     }
     table = be.summarise(runs)
     auto = table["c2-fixed"]["cpp-auto-8192"]
@@ -96,7 +135,10 @@ def test_tables_give_the_bars_at_each_policys_usual_speed() -> None:
     assert vs_base["adjusted"]["verdict"] == "met"
     assert "adjusted" not in rows[("cpp-auto-8192", "fixed-1024", "throughput")]
     text = be.markdown(table, meta)
-    assert "| cpp-auto-8192 | 1.000/1.300/1.000 | 0.1/0.1/0.1 | 940/954/940 |" in text
+    assert "| cpp-auto-8192 | 1.000/1.300/1.000 | 1.000/1.300/1.000 | 0.1/0.1/0.1 | " \
+        "940/954/940 |" in text
+    assert "- round 2: fixed-1024 closed loop 1.36, cpp-auto-8192 1.30, cpp-base-2048 1.00, " \
+        "fixed-1024 1.00" in text
     assert "TTFT at usual speed | result at usual speed |" in text
     # Throughput has no speed-adjusted figure.
     assert "| throughput | >= 0.98x | 1.000x [1.000-1.000] | met | - | - |" in text
