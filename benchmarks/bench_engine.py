@@ -32,6 +32,12 @@ cell one policy (`--arrivals-from`, default the first fixed budget) first runs t
 and its submission times are recorded; they are jittered (ARRIVAL_JITTER_S) and every policy
 then serves them open loop (`replay_arrivals`). TTFT and end-to-end time count from arrival.
 
+The machine's speed in every cell (`benchmarks/cell_speed.py`, one-engine mode): this VM slows
+by 10-40% for tens of seconds at a time, which no pairing by round removes. Each cell records
+its steps' wall time over the startup sweep's model, overall and over each request's wait for
+its first token, and the hypervisor's steal time; the tables add each TTFT bar at every
+policy's usual speed and each round's cells in run order. The raw ratio stays the verdict.
+
 Every ratio is paired by round (CPP and fixed ran in the same round) and reported with its
 per-round values and a bootstrap 95% interval (benchmarks/ratio_stats.py); the "bubbles"
 column is modelled from the measured step times (equal stages, no host time), not measured.
