@@ -52,7 +52,8 @@ def steal_s(stat_path: str = "/proc/stat") -> float | None:
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def _items(line: Mapping) -> list[tuple[int, int]]:
+def step_items(line: Mapping) -> list[tuple[int, int]]:
+    """A trace line's step as the latency model's ``(history, tokens)`` items."""
     items = [(int(r.get("history") or 0), int(r.get("chunk") or 0))
              for r in line.get("requests") or ()]
     n = int(line.get("decodes") or 0)
@@ -72,7 +73,7 @@ def cell_slowdown(lines: Sequence[Mapping], model: Any) -> float | None:
         t0, t1 = prev.get("time"), line.get("time")
         if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
             continue
-        forecast = model.step_ms(_items(line))
+        forecast = model.step_ms(step_items(line))
         wall = (t1 - t0) * 1e3
         if forecast > 0 and 0 < wall < IDLE_FACTOR * forecast:
             ratios.append(wall / forecast)

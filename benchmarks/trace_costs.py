@@ -14,25 +14,35 @@ timed steps, the measured time against the time the model in use predicted:
 * steps after a pause: the engine went PAUSE_S or more without a step (a benchmark's
   bookkeeping between cells) and a new prompt started; measured / predicted of the first
   steps after it, by position, against every later step.
+* with `--bench RESULTS.json` (a one-engine `bench_engine.py` run that kept each cell's start,
+  `start_wall_per_rep`): each policy's cell starts, the wall time from the cell's start to its
+  second step's result over what the model the engine fitted to the whole trace gives for it
+  (the first result passes every stage, the second one stage more). Timed steps are a sample;
+  wall times cover every step, so this catches a cost at the start of a cell that the
+  sampled timings mostly miss.
 
     python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
         --out benchmarks/results/trace_costs_anchored
+    python benchmarks/trace_costs.py TRACE --bench benchmarks/results/engine_bench_X.json
 Writes OUT.json and OUT.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cell_speed import step_items  # noqa: E402
 from vllm_ascend_cpp.trace import read_trace  # noqa: E402
 
 # Chunk-size buckets (tokens) for single-prefill steps.
@@ -133,6 +143,37 @@ def after_pause_costs(lines: Sequence[dict]) -> dict[str, dict]:
     return {k: _summary(groups[k]) for k in order if groups.get(k)}
 
 
+def cell_start_costs(lines: Sequence[dict], table: dict, model: Any, stages: int = 2
+                     ) -> dict[str, dict]:
+    """Per policy (over every cell of a bench results ``table`` that kept
+    ``start_wall_per_rep``): the wall time from each cell's start to its second step's result
+    minus ``model``'s forecast of it (``stages`` times the first step, plus the second), in ms,
+    with the cell's count of step sizes new to the engine beside it."""
+    times = [ln.get("time") for ln in lines]
+    out: dict[str, dict] = {}
+    for key, pols in table.items():
+        for name, v in pols.items():
+            starts = v.get("start_wall_per_rep") or []
+            news = v.get("new_shapes_per_rep") or [None] * len(starts)
+            for w, new in zip(starts, news):
+                if w is None:
+                    continue
+                i = bisect.bisect_left(times, w)
+                if i + 1 >= len(lines):
+                    continue
+                first, second = lines[i], lines[i + 1]
+                forecast = stages * model.step_ms(step_items(first)) \
+                    + model.step_ms(step_items(second))
+                over = (second["time"] - w) * 1e3 - forecast
+                d = out.setdefault(name, {"cells": []})
+                d["cells"].append({"cell": key, "over_ms": round(over, 1), "new_shapes": new})
+    for d in out.values():
+        over = [c["over_ms"] for c in d["cells"]]
+        d.update(_summary(over))
+        d["over_500ms"] = sum(x > 500 for x in over)
+    return out
+
+
 def analyse(lines: Sequence[dict]) -> dict:
     return {"steps": len(lines), "timed": sum(_timed(ln) for ln in lines),
             "single_prefill": first_chunk_costs(lines), "token_counts": new_size_costs(lines),
@@ -169,6 +210,15 @@ def render(res: dict, command: str, about: str = "") -> str:
            "| position | steps | median | mean |", "|---|---|---|---|"]
     for k, s in res.get("after_pause", {}).items():
         md.append(f"| {k} | {s['steps']} | {s['median']:.3f} | {s['mean']:.3f} |")
+    if res.get("cell_starts"):
+        md += ["", "## Cell starts: wall time to the second step's result over the model the "
+               "engine fitted (ms)", "",
+               "| policy | cells | median | mean | over 500 ms | per cell (new step sizes) |",
+               "|---|---|---|---|---|---|"]
+        for name, d in res["cell_starts"].items():
+            per = ", ".join(f"{c['over_ms']:.0f} ({c['new_shapes']})" for c in d["cells"])
+            md.append(f"| {name} | {d['steps']} | {d['median']:.0f} | {d['mean']:.0f} | "
+                      f"{d['over_500ms']} | {per} |")
     return "\n".join(md) + "\n"
 
 
@@ -177,9 +227,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("trace")
     ap.add_argument("--out", default=None, help="output path without extension")
     ap.add_argument("--about", default="", help="a line on where the trace came from")
+    ap.add_argument("--bench", default=None,
+                    help="a one-engine bench_engine.py results JSON: add its cell starts")
     args = ap.parse_args(argv)
-    res = analyse(read_trace(args.trace))
+    lines = read_trace(args.trace)
+    res = analyse(lines)
+    if args.bench:
+        from vllm_ascend_cpp.sim import refit_from_trace
+
+        report_path = Path(args.trace + ".report.json")
+        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+        model = refit_from_trace(lines, report.get("samples"))
+        if model is None:
+            raise SystemExit(f"no model can be fitted to {args.trace}")
+        table = json.loads(Path(args.bench).read_text())["table"]
+        res["cell_starts"] = cell_start_costs(lines, table, model,
+                                              int(report.get("pp_size") or 2))
     command = f"python benchmarks/trace_costs.py {args.trace}" + (
+        f" --bench {args.bench}" if args.bench else "") + (
         f" --out {args.out}" if args.out else "")
     text = render(res, command, args.about)
     print(text)

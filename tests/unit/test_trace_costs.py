@@ -79,3 +79,30 @@ def test_steps_after_a_pause_are_reported_by_position():
     assert res["later"]["steps"] == 20 - 6 and res["later"]["median"] == pytest.approx(1.0)
     text = trace_costs.render({**trace_costs.analyse(lines)}, "t")
     assert "| step 0 | 2 | 3.000 |" in text
+
+
+def test_cell_starts_are_timed_from_the_cells_start_to_its_second_result():
+    from vllm_ascend_cpp.core.latency_model import LatencyModel
+
+    model = LatencyModel(a=1e-5, b=0.1, c=2.0)
+    steps = [[(0, 3840)], [(3840, 2304), (0, 128)], [(6144, 1792)]]
+    lines, table = [], {"c4-fixed": {"cpp-auto-8192": {}, "cpp-base-2048": {}}}
+    # Auto's cells start 600 ms and 0 ms late over two rounds; base's round has no start.
+    for name, start, late, rnd in (("cpp-auto-8192", 100.0, 0.6, 0), ("cpp-auto-8192", 200.0,
+                                   0.0, 1), ("cpp-base-2048", 300.0, 0.0, 0)):
+        t = start + 2 * model.step_ms(steps[0][:1]) / 1e3 + late
+        for i, reqs in enumerate(steps):
+            if i:
+                t += model.step_ms(reqs) / 1e3
+            lines.append({**_line(len(lines) + 1, reqs, 1.0, None), "time": t})
+        v = table["c4-fixed"][name]
+        v.setdefault("start_wall_per_rep", []).append(start if name != "cpp-base-2048"
+                                                      else None)
+        v.setdefault("new_shapes_per_rep", []).append(3 - rnd)
+    got = trace_costs.cell_start_costs(lines, table, model)
+    auto = got["cpp-auto-8192"]
+    assert [c["over_ms"] for c in auto["cells"]] == pytest.approx([600.0, 0.0], abs=0.2)
+    assert [c["new_shapes"] for c in auto["cells"]] == [3, 2]
+    assert auto["over_500ms"] == 1 and "cpp-base-2048" not in got
+    text = trace_costs.render({**trace_costs.analyse(lines), "cell_starts": got}, "x")
+    assert "| cpp-auto-8192 | 2 | 300 | 300 | 1 | 600 (3), 0 (2) |" in text
