@@ -2,9 +2,9 @@
 
 The 2-core VM the benchmarks run on changes speed for tens of seconds at a time. In the
 16k same-arrivals run (`engine_bench_auto_vs_base_same_16k`) auto's first 14 steps, the same
-chunks in every round, took 415-488 ms in rounds 1 and 4 and 546-688 ms in round 5; base's
-never moved by more than 5%. A 30-second cell that meets such a stretch is 10-40% slower for
-reasons no policy controls, and five rounds do not average that away.
+chunks in every round, took 414-488 ms in rounds 1 and 4 and 546-688 ms in round 5; base's
+cells stayed within 3% of their usual speed. A 30-second cell that meets such a stretch is
+10-40% slower for reasons no policy controls, and five rounds do not average that away.
 
 Two figures per cell, neither of which depends on which policy ran:
 
