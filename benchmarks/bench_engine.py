@@ -61,7 +61,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,6 @@ from benchmarks.engine_setup import (  # noqa: E402
     engine_kwargs,
 )
 from vllm_ascend_cpp.config import CppConfig  # noqa: E402
-from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import native_dtype, set_cpu_env  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
@@ -208,13 +207,11 @@ def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
     # + earlier steps), so it is a forecast, not a fit to the answer.
     predicted = predict_ttft_s(pol, sim_report, seen[-FORECAST_WINDOW:], k, lens,
                                args.output_len, arrivals_s)
-    coefficients = sim_report.get("coefficients")
     return {"mark": mark, "predicted": predicted, "lens": lens,
             "shapes_before": {t["num_tokens"] for t in seen},
             "load_before": os.getloadavg()[0], "cpu_before": time.process_time(),
             "steal_before": cell_speed.steal_s(),
-            # The startup sweep's model, fixed for the run: the yardstick of machine speed.
-            "sweep_model": LatencyModel.from_dict(coefficients) if coefficients else None}
+            "sweep_model": cell_speed.sweep_model(sim_report)}
 
 
 def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
@@ -433,6 +430,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
         # The engine's own base chunk is the largest budget; the simulator should size each
         # policy's chunks as an engine with that policy's budget would.
         sim_report = {**report, "base_chunk": None, "min_chunk": None}
+        yardstick = cell_speed.sweep_model(report)
         for pol in pols:
             runtime.set_bench_policy(bench_mode(pol), pol["budget"])
             # At the run's largest concurrency (with --warmup at least that): a server that
@@ -454,11 +452,11 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
                     runtime.set_bench_policy(bench_mode(source), source["budget"])
                     mark = len(trace.read())
                     recorded = closed_loop_steps(llm, prompts, k, args.output_len)
-                    if report.get("coefficients"):
+                    if yardstick is not None:
                         # The machine's speed here too: a slow stretch that starts in the
                         # recording loop and runs on into the next cell is the machine's.
-                        recorded["slowdown"] = cell_speed.cell_slowdown(
-                            trace.read()[mark:], LatencyModel.from_dict(report["coefficients"]))
+                        recorded["slowdown"] = cell_speed.cell_slowdown(trace.read()[mark:],
+                                                                        yardstick)
                     arrivals = jittered_arrivals(recorded["arrivals_s"], 1000 * rnd + c)
                     print(f"  {source['name']:>16} {key:>8} closed loop (records the arrivals) "
                           f"TTFT {recorded['mean_ttft_s'] * 1000:8.0f} ms", flush=True)
@@ -910,7 +908,7 @@ def speed_lines(pols: dict) -> list[str]:
 def run_order_lines(pols: dict) -> list[str]:
     """Each round's cells in the order they ran, with their cell slowdown: a slow stretch
     that spans cells of different policies is the machine's, not a policy's."""
-    cells: list[list[tuple[float, str, float]]] = []
+    cells: dict[int, list[tuple[float, str, float]]] = defaultdict(list)
     for name, v in pols.items():
         for label, walls, slow in (
                 (name, v.get("start_wall_per_rep"), v["slowdown_per_rep"]),
@@ -920,14 +918,12 @@ def run_order_lines(pols: dict) -> list[str]:
             if not walls or rel is None or any(w is None for w in walls):
                 continue
             for rnd, (w, x) in enumerate(zip(walls, rel)):
-                while len(cells) <= rnd:
-                    cells.append([])
                 cells[rnd].append((w, label, x))
     if not cells:
         return []
     return ["", "Cells in the order they ran, each with its cell slowdown:", ""] + [
         f"- round {rnd + 1}: " + ", ".join(f"{label} {x:.2f}" for _, label, x in sorted(c))
-        for rnd, c in enumerate(cells)]
+        for rnd, c in sorted(cells.items())]
 
 
 def same_arrivals_lines(meta: dict) -> list[str]:

@@ -34,6 +34,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_ascend_cpp.core.latency_model import LatencyModel
+from vllm_ascend_cpp.sim.profile import step_items
+
 # An interval this much longer than the model's forecast is an idle wait for an arrival, not a
 # slow step; the median would mostly ignore it, a short cell may not.
 IDLE_FACTOR = 5.0
@@ -52,15 +55,11 @@ def steal_s(stat_path: str = "/proc/stat") -> float | None:
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def step_items(line: Mapping) -> list[tuple[int, int]]:
-    """A trace line's step as the latency model's ``(history, tokens)`` items."""
-    items = [(int(r.get("history") or 0), int(r.get("chunk") or 0))
-             for r in line.get("requests") or ()]
-    n = int(line.get("decodes") or 0)
-    if n:
-        # One decode carries the summed history: the model is linear in the sums.
-        items += [(int(line.get("decode_history") or 0), 1)] + [(0, 1)] * (n - 1)
-    return items
+def sweep_model(report: Mapping) -> LatencyModel | None:
+    """The startup sweep's model from an engine's profiling report: the run's fixed
+    yardstick of machine speed (None without coefficients)."""
+    coefficients = report.get("coefficients")
+    return LatencyModel.from_dict(coefficients) if coefficients else None
 
 
 def cell_slowdown(lines: Sequence[Mapping], model: Any) -> float | None:
@@ -73,7 +72,10 @@ def cell_slowdown(lines: Sequence[Mapping], model: Any) -> float | None:
         t0, t1 = prev.get("time"), line.get("time")
         if not isinstance(t0, (int, float)) or not isinstance(t1, (int, float)):
             continue
-        forecast = model.step_ms(step_items(line))
+        items = step_items(line)
+        if items is None:
+            continue
+        forecast = model.step_ms(items)
         wall = (t1 - t0) * 1e3
         if forecast > 0 and 0 < wall < IDLE_FACTOR * forecast:
             ratios.append(wall / forecast)

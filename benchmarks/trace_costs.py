@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cell_speed import step_items  # noqa: E402
+from vllm_ascend_cpp.sim.profile import step_items  # noqa: E402
 from vllm_ascend_cpp.trace import read_trace  # noqa: E402
 
 # Chunk-size buckets (tokens) for single-prefill steps.
@@ -161,10 +161,11 @@ def cell_start_costs(lines: Sequence[dict], table: dict, model: Any, stages: int
                 i = bisect.bisect_left(times, w)
                 if i + 1 >= len(lines):
                     continue
-                first, second = lines[i], lines[i + 1]
-                forecast = stages * model.step_ms(step_items(first)) \
-                    + model.step_ms(step_items(second))
-                over = (second["time"] - w) * 1e3 - forecast
+                first, second = step_items(lines[i]), step_items(lines[i + 1])
+                if first is None or second is None:
+                    continue
+                forecast = stages * model.step_ms(first) + model.step_ms(second)
+                over = (lines[i + 1]["time"] - w) * 1e3 - forecast
                 d = out.setdefault(name, {"cells": []})
                 d["cells"].append({"cell": key, "over_ms": round(over, 1), "new_shapes": new})
     for d in out.values():

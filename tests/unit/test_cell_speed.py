@@ -33,7 +33,8 @@ def _steps(slow: float, late: float | None = None) -> list[dict]:
         f = late if late is not None and i >= 4 else slow
         t += (ms * f * (20 if i == 3 else 1)) / 1e3
         lines.append({"time": t, "requests": [{"history": h, "chunk": x} for h, x in pre],
-                      "decodes": len(dec), "decode_history": sum(dec)})
+                      "decodes": len(dec), "decode_history": sum(dec),
+                      "decode_tokens": len(dec)})
     return lines
 
 

@@ -21,6 +21,7 @@ from .profile import (
     predicted_vs_measured,
     refit_from_trace,
     simulate_trace_policy,
+    step_items,
 )
 from .timeline import StepSpan, Timeline, cv, pipeline_spans
 
@@ -42,4 +43,5 @@ __all__ = [
     "simulate_policies",
     "simulate_policy",
     "simulate_trace_policy",
+    "step_items",
 ]

@@ -140,12 +140,7 @@ def refit_from_trace(lines: Sequence[Mapping],
         meas = ln.get("measured_ms")
         if not isinstance(meas, (int, float)) or not meas > 0:
             continue
-        items = [(int(r.get("history") or 0), int(r.get("chunk") or 0))
-                 for r in ln.get("requests") or () if isinstance(r, Mapping)]
-        decodes = _decode_items(ln)
-        if decodes is None:
-            continue
-        items += decodes
+        items = step_items(ln)
         if items:
             rows.append(LatencyModel.step_features(items))
             ms.append(float(meas))
@@ -158,6 +153,16 @@ def refit_from_trace(lines: Sequence[Mapping],
         return None
     fit = fit_rows(np.vstack(rows), ms)
     return fit.model if fit.ok else None
+
+
+def step_items(line: Mapping) -> list[tuple[int, int]] | None:
+    """A trace line's step as latency-model items: each prefill's ``(history, chunk)`` and
+    the decodes (:func:`_decode_items`); None when the decodes cannot be rebuilt exactly."""
+    decodes = _decode_items(line)
+    if decodes is None:
+        return None
+    return [(int(r.get("history") or 0), int(r.get("chunk") or 0))
+            for r in line.get("requests") or () if isinstance(r, Mapping)] + decodes
 
 
 def _decode_items(line: Mapping) -> list[tuple[int, int]] | None:
