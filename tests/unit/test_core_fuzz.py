@@ -94,9 +94,10 @@ def test_every_prompt_is_chunked_to_completion_with_the_invariants(case: tuple) 
         assert 1 <= d.chunk <= min(remaining, budget), (d, remaining, budget)
         last = d.chunk == remaining
         if d.fallback:
-            assert d.chunk == min(p.base_chunk, remaining, budget)
-            previous = None  # past gamma exhaustion chunks return to the fixed size
+            # Only without a usable model: then every chunk is the fixed one.
+            assert not p.ready and d.chunk == min(p.base_chunk, remaining, budget), d
         else:
+            # Past gamma exhaustion too: the smallest chunk, never a jump back up.
             if not last:
                 assert d.chunk % align == 0 or (budget < align and d.chunk == budget), (d, align)
             if previous is not None:

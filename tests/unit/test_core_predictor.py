@@ -143,12 +143,21 @@ def test_alignment_never_rounds_to_zero():
     assert p.next_chunk(10_000, 10).chunk == 10
 
 
-def test_fallback_when_gamma_eats_the_target():
+def test_the_smallest_chunk_when_gamma_eats_the_target():
     model = LatencyModel(a=1e-8, b=0.01, c=1.0, gamma=0.01)
-    p = ChunkSizePredictor(model, base_chunk=4096)
-    history = int(p.target_ms / 0.01) + 10
-    d = p.next_chunk(history, 100_000, budget=3000)
-    assert d.fallback and d.chunk == 3000 and "gamma" in d.reason
+    p = ChunkSizePredictor(model, base_chunk=4096, min_chunk=1000)
+    exhausted = int(p.target_ms / 0.01) + 10
+    d = p.next_chunk(exhausted, 100_000, budget=3000)
+    assert not d.fallback and d.clamp == "over_target" and "gamma" in d.reason
+    assert d.chunk == 960  # min_chunk aligned down to 64
+    assert model.chunk_cost_ms(exhausted, d.chunk) > p.target_ms
+    # Continuous at the exhaustion point: just before it the root is tiny and the floor
+    # decides too, so a prompt's chunks do not jump back up when gamma*L crosses the target.
+    assert p.next_chunk(exhausted - 20, 100_000, budget=3000).chunk == d.chunk
+    # Without a floor one aligned unit still moves the prompt on.
+    bare = ChunkSizePredictor(model, base_chunk=4096, min_chunk=0)
+    assert bare.next_chunk(exhausted, 100_000, budget=3000).chunk == 64
+    assert bare.next_chunk(exhausted, 30, budget=3000).chunk == 30
 
 
 def test_tail_is_folded_when_cheap():
@@ -264,8 +273,8 @@ def test_plan_properties(case):
     for i, (hist, rem, d) in enumerate(decisions):
         last = i == len(decisions) - 1
         if d.fallback:
-            assert d.chunk == min(p.base_chunk, rem, budget)
-            previous = None  # past gamma exhaustion chunks return to the fixed size
+            # Only without a usable model (a target of 0): the fixed chunk every time.
+            assert not p.ready and d.chunk == min(p.base_chunk, rem, budget), d
             continue
         if not last:
             # Aligned, unless the budget is below one aligned unit.
@@ -331,5 +340,6 @@ def test_next_chunk_never_grows_with_history_for_fixed_remaining(model, base, h1
     remaining = 10**9
     d1 = p.next_chunk(h1, remaining, 10**7)
     d2 = p.next_chunk(h1 + dh, remaining, 10**7)
-    if not d1.fallback and not d2.fallback:
-        assert d2.chunk <= d1.chunk
+    # Past gamma exhaustion too: no jump back up to the fixed chunk.
+    assert not d1.fallback and not d2.fallback
+    assert d2.chunk <= d1.chunk

@@ -150,14 +150,20 @@ def test_the_phase_hold_never_splits_an_unfinished_chunk():
                                                                             max_budget=16384)
 
 
-def test_a_held_fallback_chunk_is_still_counted_as_a_fallback():
-    # History so long that gamma*L alone exceeds the target: the predictor falls back.
-    sp = planner(model=LatencyModel(a=1e-7, b=0.02, c=30.0, gamma=1e-1), base=2048)
-    cands = [decode(0, history=0), prefill(0, 1000, 10**6)]
-    free = sp.plan(cands, max_budget=16384)
-    assert free.fallback and free.prefill_cap == 0
-    held = sp.plan(cands, max_budget=16384, next_phase_decodes=0)
-    assert held.fallback and held.reason == free.reason and held.prefill_cap == 448
+def test_a_lead_past_gamma_exhaustion_gets_the_smallest_chunk_and_the_step_goes_over():
+    # History so long that gamma*L alone exceeds the target: no size meets it. The lead gets
+    # min_chunk (not the base chunk it used to get), the step is still planned, and the plan
+    # says it goes over its target.
+    sp = planner(model=LatencyModel(a=1e-7, b=0.02, c=30.0, gamma=1e-1), base=2048,
+                 min_chunk=256)
+    cands = [decode(0, history=0), prefill(0, 100_000, 10**6), prefill(1, 5000)]
+    plan = sp.plan(cands, max_budget=16384)
+    assert not plan.fallback and plan.lead.clamp == "over_target" and "gamma" in plan.reason
+    assert plan.lead.chunk == 256
+    # Nothing else joins a step already over its target (the lead gives the decode's token
+    # up to keep the step at whole units).
+    assert [i.req_id for i in plan.items] == ["d0", "p0"] and plan.scheduled_tokens == 256
+    assert plan.predicted_ms > plan.target_ms
 
 
 def test_a_cheap_rest_is_taken_a_step_early_when_the_next_phase_is_busier():

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from .latency_model import LatencyModel
 
-__all__ = ["ChunkDecision", "PlannedChunk", "ChunkSizePredictor", "FALLBACK", "TAIL_FOLD_TOLERANCE"]
+__all__ = ["ChunkDecision", "PlannedChunk", "ChunkSizePredictor", "OVER_TARGET",
+           "TAIL_FOLD_TOLERANCE"]
 
 # A short tail is folded into the current chunk when the merged chunk costs at most this much
 # more than the time budget: one slightly long step beats an extra step that pays ``c`` again.
@@ -27,8 +28,9 @@ TAIL_FOLD_TOLERANCE = 1.10
 # Lets a root that is an integer up to rounding (e.g. (b*base)/b) floor to that integer.
 _FLOOR_SLACK = 1e-9
 _FLOOR_UP = 1.0 + _FLOOR_SLACK
-# The clamp :meth:`ChunkSizePredictor.size` reports when no size meets the time.
-FALLBACK = "fallback"
+# The clamp :meth:`ChunkSizePredictor.size` reports when no size meets the time (``T - gamma*L``
+# is not positive): the chunk is then the smallest one, as it is for a root just above zero.
+OVER_TARGET = "over_target"
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,15 @@ class ChunkDecision:
     """The size of one prefill chunk.
 
     ``fallback`` is True when the fixed chunk ``min(base_chunk, remaining, budget)`` was used
-    instead of the model (no usable model, or ``T - gamma*L <= 0``); ``reason`` then says why.
+    instead of the model (no usable model); ``reason`` then says why. When no size meets the
+    time (``T - gamma*L <= 0``) the chunk is the smallest one, ``clamp`` is ``"over_target"``
+    and ``reason`` says so.
+
     ``clamp`` names the rule that decided the size when it was not the solved size itself:
-    ``"min_chunk"``, ``"budget"``, ``"remaining"``, ``"alignment"`` (rounded up to one aligned
-    unit, or to the whole budget when that is smaller), ``"tail_fold"``, ``"tail_split"``, or
-    ``""``; the step planner adds ``"decodes_fill_target"``, ``"phase_hold"`` and
-    ``"phase_merge"``.
+    ``"over_target"``, ``"min_chunk"``, ``"budget"``, ``"remaining"``, ``"alignment"``
+    (rounded up to one aligned unit, or to the whole budget when that is smaller),
+    ``"tail_fold"``, ``"tail_split"``, or ``""``; the step planner adds
+    ``"decodes_fill_target"``, ``"phase_hold"`` and ``"phase_merge"``.
     """
 
     chunk: int
@@ -192,18 +197,21 @@ class ChunkSizePredictor:
         return ChunkDecision(min(self.base_chunk, cap), fallback=True, reason=reason)
 
     def _full(self, history: int, time_ms: float, budget_cap: int) -> tuple[int, str, float]:
-        """``(full, clamp, smoothed)``: steps 1-4 of :meth:`next_chunk`; ``full`` is -1 when
-        no size meets the time. ``full`` does not depend on what remains of the prompt."""
+        """``(full, clamp, smoothed)``: steps 1-4 of :meth:`next_chunk`. ``full`` does not
+        depend on what remains of the prompt."""
         x = self.root(history, time_ms)
-        if x < 0:
-            return -1, "", x
+        over = x < 0
+        if over:
+            # No size meets the time: take the size a root of zero would get (the floor), so
+            # chunks keep shrinking past this point instead of jumping back to the base size.
+            x = 0.0
         if x != math.inf:
             x = self._base + self.smooth_factor * (x - self._base)
         smoothed = x
-        clamp = ""
+        clamp = OVER_TARGET if over else ""
         if x < self.min_chunk:
             x = self._min
-            clamp = "min_chunk"
+            clamp = clamp or "min_chunk"
         if x > budget_cap:
             x = budget_cap
             clamp = "budget"
@@ -212,7 +220,8 @@ class ChunkSizePredictor:
         if aligned == 0:
             # Rounding down would stall the request: one aligned unit, or the whole budget
             # when even that does not fit.
-            return min(self.alignment, budget_cap), "alignment", smoothed
+            return (min(self.alignment, budget_cap), OVER_TARGET if over else "alignment",
+                    smoothed)
         return aligned, clamp, smoothed
 
     def size(self, history: int, remaining: int, budget_cap: int,
@@ -221,12 +230,10 @@ class ChunkSizePredictor:
 
         Plain ints and floats, no checks and no allocation beyond the tuple: needs
         :attr:`ready`, ``history >= 0`` and ``remaining, budget_cap >= 1``. ``clamp`` is
-        :data:`FALLBACK` when no size meets ``time_ms`` (the chunk is then the fixed one).
+        :data:`OVER_TARGET` when no size meets ``time_ms`` (the chunk is then the floor).
         :meth:`next_chunk` and ``target: auto``'s forecast both size through here.
         """
         full, clamp, smoothed = self._full(history, time_ms, budget_cap)
-        if full < 0:
-            return min(self.base_chunk, remaining, budget_cap), FALLBACK
         if remaining <= full:
             # "remaining" only when the prompt's end, not a floor, decided the size.
             if remaining < full and remaining <= smoothed:
@@ -254,8 +261,11 @@ class ChunkSizePredictor:
 
         Order of operations (``T`` = ``time_ms``, default the target; ``A`` = ``alignment``):
 
-        1. ``x`` = :meth:`solve` at ``T``. No usable model, or ``T - gamma*L <= 0``: return the
-           fixed chunk ``min(base_chunk, remaining, budget)`` with ``fallback=True``.
+        1. ``x`` = :meth:`solve` at ``T``. No usable model: return the fixed chunk
+           ``min(base_chunk, remaining, budget)`` with ``fallback=True``. No root
+           (``T - gamma*L <= 0``, every size goes over): ``x = 0``, so the floors below decide
+           (``clamp="over_target"``). A step past that point cannot meet ``T``; the smallest
+           chunk keeps it closest, as a root just above zero would.
         2. Smoothing: ``x = base + s*(x - base)``.
         3. Minimum: ``x = max(x, min_chunk)`` (``min_chunk`` is already clamped to the base).
         4. Budget: ``x = min(x, budget)``; then align down to a multiple of ``A``. If that
@@ -272,8 +282,8 @@ class ChunkSizePredictor:
         Invariants: ``1 <= chunk <= min(remaining, budget)`` whenever both are >= 1 (0
         otherwise); every chunk that leaves something behind is a multiple of ``A`` unless
         ``budget < A`` (then it is ``budget``) or it is the fixed fallback chunk; for a fixed
-        ``T`` and budget, successive chunks of one prompt never grow (fallback chunks
-        excepted: past ``T - gamma*L <= 0`` they return to the fixed size).
+        ``T`` and budget, successive chunks of one prompt never grow, past
+        ``T - gamma*L <= 0`` included.
 
         The rule itself is :meth:`size`; this method checks its input and says why.
         """
@@ -293,13 +303,12 @@ class ChunkSizePredictor:
             return self._fixed(cap, self.not_ready_reason)
         t = self.target_ms if time_ms is None else float(time_ms)
         chunk, clamp = self.size(history, remaining, budget_cap, t)
-        if clamp is not FALLBACK:
+        if clamp != OVER_TARGET:
             return ChunkDecision(chunk, fallback=False, clamp=clamp)
-        if not t > 0:
-            return self._fixed(cap, f"the time budget ({t:.4g} ms) is not positive")
         gamma_l = self.model.gamma * float(history)
-        return self._fixed(cap, f"no chunk size meets {t:.4g} ms at history {history}: "
-                                f"gamma*L alone is {gamma_l:.4g} ms")
+        return ChunkDecision(chunk, fallback=False, clamp=clamp,
+                             reason=f"no chunk size meets {t:.4g} ms at history {history} "
+                                    f"(gamma*L alone is {gamma_l:.4g} ms): the smallest chunk")
 
     # -- a whole prompt -------------------------------------------------------------------
 
