@@ -211,6 +211,7 @@ def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
             "shapes_before": {t["num_tokens"] for t in seen},
             "load_before": os.getloadavg()[0], "cpu_before": time.process_time(),
             "steal_before": cell_speed.steal_s(),
+            "faults_before": cell_speed.worker_faults(),
             "sweep_model": cell_speed.sweep_model(sim_report)}
 
 
@@ -232,6 +233,9 @@ def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
     steal = cell_speed.steal_s()
     if steal is not None and ctx["steal_before"] is not None:
         r["steal_s"] = round(steal - ctx["steal_before"], 2)
+    faults = cell_speed.worker_faults()
+    if faults is not None and ctx.get("faults_before") is not None:
+        r["worker_faults"] = faults - ctx["faults_before"]
     if ctx["sweep_model"] is not None:
         r["slowdown"] = cell_speed.cell_slowdown(lines, ctx["sweep_model"])
         if "start_wall" in r and "arrivals_s" in r:
@@ -585,6 +589,8 @@ def speed_fields(res: list[dict]) -> dict:
            "slowdown_per_rep": [r["slowdown"] for r in res],
            "steal_per_rep_s": [r.get("steal_s") for r in res],
            "start_wall_per_rep": [r.get("start_wall") for r in res]}
+    if all("worker_faults" in r for r in res):
+        out["worker_faults_per_rep"] = [r["worker_faults"] for r in res]
     if all("request_slowdowns" in r for r in res):
         out["request_slowdowns_per_rep"] = [r["request_slowdowns"] for r in res]
         adj = cell_speed.adjusted_by_request(out["ttfts_per_rep_ms"],
@@ -894,6 +900,7 @@ def speed_lines(pols: dict) -> list[str]:
         steal = "/".join("-" if x is None else f"{x:.1f}" for x in v["steal_per_rep_s"])
         out.append(f"| {name} | " + "/".join(f"{x:.3f}" for x in rel) + f" | {worst}{steal} | "
                    + "/".join(f"{x:.0f}" for x in v["ttft_adjusted_per_rep_ms"]) + " |")
+    out += fault_lines(pols)
     out += run_order_lines(pols)
     out += ["", "TTFT at each policy's usual speed, every policy against every other (row over "
             "column):", "", "| policy | " + " | ".join(pols) + " |",
@@ -902,6 +909,18 @@ def speed_lines(pols: dict) -> list[str]:
         out.append(f"| {name} | " + " | ".join(
             "-" if o == name else _q(pair(pols, name, o, "ttft_adjusted")) for o in pols)
             + " |")
+    return out
+
+
+def fault_lines(pols: dict) -> list[str]:
+    """Page faults vLLM's processes took in each round's cell (`cell_speed.worker_faults`),
+    when the run recorded them."""
+    if not all(v.get("worker_faults_per_rep") for v in pols.values()):
+        return []
+    out = ["", "Page faults taken by vLLM's processes during each cell, per round (thousands):",
+           ""]
+    for name, v in pols.items():
+        out.append(f"- {name}: " + "/".join(f"{x / 1e3:.0f}" for x in v["worker_faults_per_rep"]))
     return out
 
 

@@ -17,6 +17,11 @@ Two figures per cell, neither of which depends on which policy ran:
 * ``steal_s``: CPU time the hypervisor gave to other guests during the cell (``/proc/stat``),
   where the kernel reports it.
 
+And one figure that does depend on the policy: ``worker_faults``, the page faults vLLM's
+workers took during the cell (``/proc/<pid>/stat``). A step larger than the memory a worker's
+allocator still holds maps fresh pages, and on these VMs that costs far more than the step's
+compute; the latency model has no term for it.
+
 :func:`request_slowdowns` takes the slowdown over each request's wait for its first token
 alone: a slow stretch often covers part of a cell (round 5's above: the first wave's 14 steps,
 not the rest), and the requests that waited through it carry it. :func:`adjusted_by_request`
@@ -53,6 +58,36 @@ def steal_s(stat_path: str = "/proc/stat") -> float | None:
     if len(fields) < 9 or fields[0] != "cpu":
         return None
     return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_faults(proc: str = "/proc", title: str = "VLLM::") -> int | None:
+    """Page faults (minor and major) taken so far by the processes whose title starts with
+    ``title`` (vLLM names its engine core and worker processes ``VLLM::...``); None when
+    there is none. Summed over processes, so a difference across a cell counts what the
+    workers took during it as long as none started or ended in between."""
+    total = 0
+    found = False
+    try:
+        pids = [d for d in os.listdir(proc) if d.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as fh:
+                if not fh.read(len(title)).startswith(title.encode()):
+                    continue
+            with open(os.path.join(proc, pid, "stat"), encoding="ascii") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces; minflt and majflt are the 10th
+        # and 12th fields, the 8th and 10th after the closing parenthesis.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) < 10:
+            continue
+        total += int(fields[7]) + int(fields[9])
+        found = True
+    return total if found else None
 
 
 def sweep_model(report: Mapping) -> LatencyModel | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -141,5 +142,39 @@ def test_tables_give_the_bars_at_each_policys_usual_speed() -> None:
     assert "- round 2: fixed-1024 closed loop 1.36, cpp-auto-8192 1.30, cpp-base-2048 1.00, " \
         "fixed-1024 1.00" in text
     assert "TTFT at usual speed | result at usual speed |" in text
+    assert "Page faults" not in text  # the run did not record them
+    for rep in runs["cpp-auto-8192"]:
+        rep["results"]["c2-fixed"]["worker_faults"] = 250_000
+    for rep in runs["cpp-base-2048"] + runs["fixed-1024"]:
+        rep["results"]["c2-fixed"]["worker_faults"] = 4_000
+    text = be.markdown(be.summarise(runs), meta)
+    assert "- cpp-auto-8192: 250/250/250\n" in text and "- fixed-1024: 4/4/4\n" in text
     # Throughput has no speed-adjusted figure.
     assert "| throughput | >= 0.98x | 1.000x [1.000-1.000] | met | - | - |" in text
+
+
+def test_worker_faults_count_the_pages_titled_processes_touch() -> None:
+    title = f"cpp-fault-test-{os.getpid()}::"
+    assert cell_speed.worker_faults(title=title) is None
+    # `exec -a` sets argv[0], the start of /proc/<pid>/cmdline, as vLLM's process titles do.
+    script = ("import sys; print('up', flush=True); sys.stdin.readline(); "
+              "b = b'x' * (64 << 20); print('touched', flush=True); sys.stdin.readline()")
+    command = f'exec -a "{title}worker" {sys.executable} -c "{script}"'
+    proc = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        before = cell_speed.worker_faults(title=title)
+        assert before is not None and before > 0
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "touched"
+        after = cell_speed.worker_faults(title=title)
+        # 64 MiB of fresh pages: 16,384 faults with 4 KiB pages, 32 with 2 MiB huge pages.
+        assert after - before >= 32
+        # Another title does not count them.
+        assert cell_speed.worker_faults(title=title + "other") is None
+    finally:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
