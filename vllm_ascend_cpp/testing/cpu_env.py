@@ -26,6 +26,13 @@ CPU_ENV = {
     # pairs of 32 MiB and 8 MiB tensors: 164k faults and 178 ms against none and 20 ms).
     "MALLOC_MMAP_MAX_": "0",
     "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+    # The same for tcmalloc, which by default hands freed memory back to the kernel as it
+    # goes: a worker that ran small steps for a while then pays page faults on the next large
+    # ones. In a one-engine run auto's cells (the largest steps) took 13k-155k faults to
+    # base's 41k-67k and fixed 1024's 5k-33k; with 0 (never release) every cell took under
+    # 1k and auto's cells no longer started slow (benchmarks/results/engine_bench_release_rate_
+    # default.md and _0.md).
+    "TCMALLOC_RELEASE_RATE": "0",
 }
 
 
