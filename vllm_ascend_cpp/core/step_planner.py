@@ -278,8 +278,8 @@ class StepPlanner:
         budget, cap, items = self._whole_units(candidates, budget, cap, items, max_requests,
                                                lead_index, last_decode)
         ms = _items_ms(model, items)
-        fallback = lead is not None and lead.fallback
-        return StepPlan(budget, cap, items, ms, fallback=fallback,
+        # The predictor falls back only without a usable model, which returned above.
+        return StepPlan(budget, cap, items, ms, fallback=False,
                         reason=lead.reason if lead is not None else "", lead=lead,
                         target_ms=target + model.c,
                         open_end=open_end and end == len(candidates))
@@ -306,10 +306,9 @@ class StepPlanner:
         move = phase_move(lead.chunk, remaining, decode_tokens, next_phase_decodes, lead_budget)
         if move == "hold":
             half = held_chunk(remaining, self.predictor.alignment, self.predictor.starved_chunk)
-            # A fallback chunk stays one (the step is counted as such), only shorter.
-            return ChunkDecision(half, fallback=lead.fallback, reason=lead.reason,
+            return ChunkDecision(half, fallback=False, reason=lead.reason,
                                  clamp="phase_hold") if half else lead
-        if move == "merge" and not lead.fallback and lead_time > 0 \
+        if move == "merge" and lead_time > 0 \
                 and self.predictor.model.chunk_cost_ms(head.history, remaining) \
                 <= PHASE_MERGE_LIMIT * lead_time:
             return ChunkDecision(remaining, fallback=False, clamp="phase_merge")
