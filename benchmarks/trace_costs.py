@@ -20,6 +20,11 @@ timed steps, the measured time against the time the model in use predicted:
   (the first result passes every stage, the second one stage more). Timed steps are a sample;
   wall times cover every step, so this catches a cost at the start of a cell that the
   sampled timings mostly miss.
+  It also adds each policy's host gaps: the wall time between two back-to-back prefill steps'
+  results minus the later step's forward (timed steps), as the engine recorded them before
+  `core.host_gap_ms` and with that step's rise over the one before taken out, the way the
+  engine records them now (both from the lines' predicted costs). The auto target puts the
+  median of these on every dispatch.
 
     python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
         --out benchmarks/results/trace_costs_anchored
@@ -42,6 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vllm_ascend_cpp.core.latency_model import host_gap_ms  # noqa: E402
 from vllm_ascend_cpp.sim.profile import step_items  # noqa: E402
 from vllm_ascend_cpp.trace import read_trace  # noqa: E402
 
@@ -175,6 +181,45 @@ def cell_start_costs(lines: Sequence[dict], table: dict, model: Any, stages: int
     return out
 
 
+def _cell_starts(table: dict) -> list[tuple[float, str]]:
+    """``(start wall time, policy)`` of every cell, closed-loop recordings included, in time
+    order."""
+    out = []
+    for pols in table.values():
+        for name, v in pols.items():
+            out += [(w, name) for w in v.get("start_wall_per_rep") or [] if w is not None]
+            out += [(w, f"{name} (closed loop)")
+                    for w in v.get("closed_loop_start_wall_per_rep") or [] if w is not None]
+    return sorted(out)
+
+
+def host_gaps(lines: Sequence[dict], table: dict, stages: int = 2) -> dict[str, dict]:
+    """Per policy: back-to-back prefill steps' host gaps (ms), raw and with the rise out."""
+    starts = _cell_starts(table)
+    walls = [w for w, _ in starts]
+    raw: dict[str, list[float]] = defaultdict(list)
+    out: dict[str, list[float]] = defaultdict(list)
+    prev = None
+    for ln in lines:
+        prefill = any(r.get("chunk", 0) > 1 for r in ln.get("requests") or [])
+        t, meas, pred = ln.get("time"), ln.get("measured_ms"), ln.get("predicted_ms")
+        i = bisect.bisect_right(walls, t) - 1 if t is not None else -1
+        name = starts[i][1] if i >= 0 else None
+        if (name is not None and prefill and meas is not None and prev is not None
+                and prev[2] == name):
+            interval = (t - prev[0]) * 1e3
+            raw[name].append(interval - meas)
+            out[name].append(host_gap_ms(interval, meas, stages,
+                                         pred if pred is not None else float("nan"),
+                                         prev[1] if prev[1] is not None else float("nan")))
+        prev = (t, pred, name) if prefill and t is not None else None
+    return {name: {"steps": len(raw[name]),
+                   "raw_median": statistics.median(raw[name]),
+                   "median": statistics.median(out[name]),
+                   "used_median": statistics.median(max(0.0, g) for g in out[name])}
+            for name in sorted(raw)}
+
+
 def analyse(lines: Sequence[dict]) -> dict:
     return {"steps": len(lines), "timed": sum(_timed(ln) for ln in lines),
             "single_prefill": first_chunk_costs(lines), "token_counts": new_size_costs(lines),
@@ -220,6 +265,17 @@ def render(res: dict, command: str, about: str = "") -> str:
             per = ", ".join(f"{c['over_ms']:.0f} ({c['new_shapes']})" for c in d["cells"])
             md.append(f"| {name} | {d['steps']} | {d['median']:.0f} | {d['mean']:.0f} | "
                       f"{d['over_500ms']} | {per} |")
+    if res.get("host_gaps"):
+        md += ["", "## Host gaps between back-to-back prefill steps (ms)", "",
+               "Interval between the two results minus the later step's forward, over timed "
+               "steps: as recorded before, and with the later step's rise over the one before "
+               "taken out (`core.host_gap_ms`, what the engine records now; the auto target "
+               "uses the median of the gaps floored at 0).", "",
+               "| policy | steps | median, rise left in | median, rise out | "
+               "median floored at 0 |", "|---|---|---|---|---|"]
+        for name, d in res["host_gaps"].items():
+            md.append(f"| {name} | {d['steps']} | {d['raw_median']:.1f} | {d['median']:.1f} | "
+                      f"{d['used_median']:.1f} |")
     return "\n".join(md) + "\n"
 
 
@@ -242,8 +298,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if model is None:
             raise SystemExit(f"no model can be fitted to {args.trace}")
         table = json.loads(Path(args.bench).read_text())["table"]
-        res["cell_starts"] = cell_start_costs(lines, table, model,
-                                              int(report.get("pp_size") or 2))
+        stages = int(report.get("pp_size") or 2)
+        res["cell_starts"] = cell_start_costs(lines, table, model, stages)
+        res["host_gaps"] = host_gaps(lines, table, stages)
     command = f"python benchmarks/trace_costs.py {args.trace}" + (
         f" --bench {args.bench}" if args.bench else "") + (
         f" --out {args.out}" if args.out else "")

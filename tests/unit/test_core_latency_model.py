@@ -80,3 +80,63 @@ def test_is_physical():
     assert M.is_physical
     assert not LatencyModel(a=-1e-9, b=0.1, c=1.0).is_physical
     assert LatencyModel(a=0.0, b=0.1, c=-1.0).is_physical  # c does not size chunks
+
+
+def _pipeline_results(steps_ms: list[float], stages: int, host_ms: float = 0.0) -> list[float]:
+    """When each step's result comes back from ``stages`` stages fed by a batch queue of at
+    most ``stages`` batches (vLLM's step_with_batch_queue), each dispatched ``host_ms`` after
+    the engine could schedule it: every stage runs one step at a time, in order."""
+    free = [0.0] * stages
+    ends: list[float] = []
+    clock = 0.0
+    for k, t in enumerate(steps_ms):
+        if k >= stages:
+            clock = max(clock, ends[k - stages])
+        clock += host_ms
+        end = clock
+        for s in range(stages):
+            end = max(end, free[s]) + t
+            free[s] = end
+        ends.append(end)
+    return ends
+
+
+@pytest.mark.parametrize("stages,shape", [(2, "rising"), (2, "falling"), (2, "equal"),
+                                          (2, "saw"), (3, "rising"), (3, "falling"),
+                                          (4, "rising"), (4, "equal")])
+def test_host_gap_takes_out_what_the_pipeline_itself_explains(stages, shape):
+    """No host work at all: the gap reported is zero, also when the machine runs 30% slower than
+    the predictions (the rise is taken at measured speed). Exact on two stages whatever the
+    costs do; on more, for runs of rising, falling or equal steps (an uneven saw there errs
+    both ways by up to the rise, 0 on the median over a cycle)."""
+    from vllm_ascend_cpp.core.latency_model import host_gap_ms
+
+    predicted = {"rising": [100.0 + 35.0 * k for k in range(24)],
+                 "falling": [900.0 - 20.0 * k for k in range(24)],
+                 "equal": [250.0] * 24,
+                 "saw": [100.0 + 40.0 * (k % 4) for k in range(24)]}[shape]
+    measured = [1.3 * p for p in predicted]
+    ends = _pipeline_results(measured, stages)
+    raw, gaps = [], []
+    for k in range(stages, len(ends)):
+        interval = ends[k] - ends[k - 1]
+        raw.append(interval - measured[k])
+        gaps.append(host_gap_ms(interval, measured[k], stages, predicted[k], predicted[k - 1]))
+    assert max(abs(g) for g in gaps) < 1e-6
+    if shape == "rising":
+        # Without the correction every step showed (stages-1) times its rise as host time.
+        assert min(raw) == pytest.approx((stages - 1) * 1.3 * 35.0)
+
+
+def test_host_gap_without_predictions_is_the_plain_difference():
+    from vllm_ascend_cpp.core.latency_model import host_gap_ms
+
+    assert host_gap_ms(50.0, 40.0, 2) == 10.0
+    assert host_gap_ms(50.0, 40.0, 2, math.nan, 30.0) == 10.0
+    assert host_gap_ms(50.0, 40.0, 2, 30.0, 0.0) == 10.0
+    # One stage: nothing waits on a stage before it, so a rise explains nothing.
+    assert host_gap_ms(50.0, 40.0, 1, 40.0, 20.0) == 10.0
+    # Host work that the pipeline does not hide stays: equal steps, 6 ms per dispatch.
+    ends = _pipeline_results([200.0] * 20, 2, host_ms=6.0)
+    gaps = [host_gap_ms(ends[k] - ends[k - 1], 200.0, 2, 200.0, 200.0) for k in range(4, 20)]
+    assert sum(gaps) / len(gaps) == pytest.approx(3.0)

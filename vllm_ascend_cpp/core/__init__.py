@@ -6,7 +6,7 @@ online calibration, the lifecycle manager and the startup report.
 
 from .calibrator import CalibrationEvent, OnlineCalibrator
 from .fit import FitResult, fit_rows, fit_startup
-from .latency_model import LatencyModel, pipeline_ttft_ms
+from .latency_model import LatencyModel, host_gap_ms, pipeline_ttft_ms
 from .manager import CppState, ProfilingChunkManager
 from .predictor import ChunkDecision, ChunkSizePredictor, PlannedChunk
 from .report import build_report, format_report
@@ -32,6 +32,7 @@ __all__ = [
     "fit_rows",
     "fit_startup",
     "format_report",
+    "host_gap_ms",
     "pipeline_ttft_ms",
     "simulate",
 ]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LatencyModel", "COEFFICIENT_NAMES", "pipeline_ttft_ms"]
+__all__ = ["LatencyModel", "COEFFICIENT_NAMES", "host_gap_ms", "pipeline_ttft_ms"]
 
 # Order of the regression columns; as_vector() and step_features() both follow it.
 COEFFICIENT_NAMES = ("c", "gamma", "b", "a", "d")
@@ -151,3 +151,34 @@ def pipeline_ttft_ms(step_ms: Sequence[float], stages: int) -> float:
     if not times:
         return 0.0
     return sum(times) + (stages - 1) * max(times)
+
+
+def host_gap_ms(interval_ms: float, measured_ms: float, stages: int,
+                predicted_ms: float = math.nan, prev_predicted_ms: float = math.nan) -> float:
+    """The host time a result interval shows: what the pipeline's own pace does not explain.
+
+    ``interval_ms`` is the wall time between two back-to-back steps' results and
+    ``measured_ms`` the later step's forward. With no host work at all, a step that costs more
+    than the one before it still comes back late: on ``S`` stages each stage waits for it on
+    the stage before, so the interval is its forward plus ``(S-1)`` times the rise. The auto
+    target's forecast runs its steps through that same pipeline, so the rise is taken out here
+    (otherwise it would be counted twice, and as host time on every step). The previous step's
+    forward is its ``prev_predicted_ms`` at the speed this one ran (``measured/predicted``);
+    without both predictions nothing is taken out. Exact on two stages whatever the step costs
+    do; on more, for runs of rising, falling or equal steps (an uneven pattern there makes it
+    err both ways by up to the rise).
+
+    Left in, the rise was most of the gap: a fixed 1024-token budget grows each step by about
+    35 ms at 16K prompts, and the CPU engine's gaps read about 32 ms under it against 5 under
+    CPP base's equal-cost steps (both within 3 ms of 0 with the rise out;
+    benchmarks/results/trace_costs_host_gap.md).
+    """
+    gap = float(interval_ms) - float(measured_ms)
+    try:
+        this, prev = float(predicted_ms), float(prev_predicted_ms)
+    except (TypeError, ValueError):
+        return gap
+    if not (math.isfinite(this) and math.isfinite(prev) and this > 0 and prev > 0):
+        return gap
+    rise = float(measured_ms) * (1.0 - prev / this)
+    return gap - (max(1, int(stages)) - 1) * max(0.0, rise)
