@@ -19,9 +19,7 @@ cpp_config); CPP base/auto plan as an engine with that budget would.
 tests/integration/test_bench_emulation.py checks that the emulated fixed budget schedules
 exactly the steps of vLLM's own budget. One difference from separate engines remains by
 design: the engine's latency model and host-time history learn from every policy's steps, not
-from one policy's. (Host gaps used to carry each step's rise over the one before, about 32 ms
-under fixed chunks, and auto took them as host time after a fixed cell; core.host_gap_ms now
-takes the rise out, benchmarks/results/trace_costs_host_gap.md.) The per-engine mode (the default) stays as the cross-check. Clients are
+from one policy's. The per-engine mode (the default) stays as the cross-check. Clients are
 closed-loop in both modes; in one-engine mode the engine is driven step by step
 (`LLMEngine.step()`), TTFT is the time from adding the request to the step that returns its
 first token.

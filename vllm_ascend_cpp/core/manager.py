@@ -378,9 +378,8 @@ class ProfilingChunkManager:
 
     def record_host_gap(self, gap_ms: float) -> None:
         """Wall time between two back-to-back prefill steps' results, minus the later step's
-        forward and what its rise over the step before explains (``host_gap_ms``): the host's
-        share of a step, which the auto target puts on each dispatch. The auto target is
-        rebuilt when the median moves by more than a quarter."""
+        forward: the host's share of a step, which the auto target puts on each dispatch.
+        The auto target is rebuilt when the median moves by more than a quarter."""
         try:
             gap = float(gap_ms)
         except (TypeError, ValueError):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from vllm_ascend_cpp.core.fit import fit_rows
-from vllm_ascend_cpp.core.latency_model import LatencyModel, host_gap_ms
+from vllm_ascend_cpp.core.latency_model import LatencyModel
 
 from .engine import EngineSpec, Policy, SimResult, Workload, simulate_policy
 
@@ -179,12 +179,10 @@ def _decode_items(line: Mapping) -> list[tuple[int, int]] | None:
     return [(history, 1)] + [(0, 1)] * (n - 1)
 
 
-def host_ms_from_trace(lines: Sequence[Mapping], stages: int = 2) -> float:
+def host_ms_from_trace(lines: Sequence[Mapping]) -> float:
     """Median host time per step: wall time between two consecutive prefill steps' trace
-    lines minus the later step's measured forward and what its rise over the step before
-    explains on ``stages`` stages (:func:`~vllm_ascend_cpp.core.host_gap_ms`, from the lines'
-    ``predicted_ms``); what the pipeline did not hide, 0 when the trace has no such pair. The
-    simulator's ``sched_ms``."""
+    lines minus the later step's measured forward (what the pipeline did not hide; 0 when the
+    trace has no such pair). The simulator's ``sched_ms``."""
     gaps = []
     prev = None
     for ln in lines:
@@ -192,13 +190,11 @@ def host_ms_from_trace(lines: Sequence[Mapping], stages: int = 2) -> float:
             prev = None
             continue
         meas, when = ln.get("measured_ms"), ln.get("time")
-        pred = ln.get("predicted_ms")
-        pred = float(pred) if isinstance(pred, (int, float)) else math.nan
         busy = bool(ln.get("requests"))
         if (busy and prev is not None and isinstance(meas, (int, float))
                 and isinstance(when, (int, float))):
-            gaps.append(host_gap_ms((when - prev[0]) * 1000.0, meas, stages, pred, prev[1]))
-        prev = (when, pred) if busy and isinstance(when, (int, float)) else None
+            gaps.append((when - prev) * 1000.0 - meas)
+        prev = when if busy and isinstance(when, (int, float)) else None
     return max(0.0, float(np.median(gaps))) if gaps else 0.0
 
 
