@@ -106,3 +106,32 @@ def test_cell_starts_are_timed_from_the_cells_start_to_its_second_result():
     assert auto["over_500ms"] == 1 and "cpp-base-2048" not in got
     text = trace_costs.render({**trace_costs.analyse(lines), "cell_starts": got}, "x")
     assert "| cpp-auto-8192 | 2 | 300 | 300 | 1 | 600 (3), 0 (2) |" in text
+
+
+def test_host_gaps_per_policy_with_and_without_the_rise():
+    """Two cells: fixed chunks whose steps rise 35 ms each and come back the rise late (no
+    host work), then equal-cost steps 5 ms apart beyond their forward. The rise shows as host
+    time until it is taken out; the equal steps' 5 ms stays either way."""
+    lines, t, step = [], 100.0, 0
+    for k in range(10):
+        step += 1
+        pred = 100.0 + 35.0 * k
+        t += (pred + (35.0 if k else 0.0)) / 1000.0
+        lines.append({**_line(step, [(1024 * k, 1024)], pred, pred), "time": t})
+    t += 5.0
+    fixed_end = t
+    for k in range(10):
+        step += 1
+        t += 255.0 / 1000.0
+        lines.append({**_line(step, [(2048 * k, 2048 - 64 * k)], 250.0, 250.0), "time": t})
+    table = {"c2": {"fixed-1024": {"start_wall_per_rep": [100.0]},
+                    "cpp-base-2048": {"start_wall_per_rep": [fixed_end - 1.0]}}}
+    gaps = trace_costs.host_gaps(lines, table, stages=2)
+    assert gaps["fixed-1024"]["steps"] == 9
+    assert gaps["fixed-1024"]["raw_median"] == pytest.approx(35.0)
+    assert gaps["fixed-1024"]["median"] == pytest.approx(0.0, abs=1e-6)
+    assert gaps["cpp-base-2048"]["steps"] == 9
+    assert gaps["cpp-base-2048"]["raw_median"] == pytest.approx(5.0)
+    assert gaps["cpp-base-2048"]["median"] == pytest.approx(5.0)
+    assert "| fixed-1024 | 9 | 35.0 | 0.0 | 0.0 |" in trace_costs.render(
+        {**trace_costs.analyse(lines), "host_gaps": gaps}, "cmd")
