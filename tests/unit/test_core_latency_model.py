@@ -85,7 +85,9 @@ def test_is_physical():
 def _pipeline_results(steps_ms: list[float], stages: int, host_ms: float = 0.0) -> list[float]:
     """When each step's result comes back from ``stages`` stages fed by a batch queue of at
     most ``stages`` batches (vLLM's step_with_batch_queue), each dispatched ``host_ms`` after
-    the engine could schedule it: every stage runs one step at a time, in order."""
+    the engine could schedule it; the stages are the simulator's (``_through_stages``)."""
+    from vllm_ascend_cpp.sim.engine import _through_stages
+
     free = [0.0] * stages
     ends: list[float] = []
     clock = 0.0
@@ -93,11 +95,7 @@ def _pipeline_results(steps_ms: list[float], stages: int, host_ms: float = 0.0) 
         if k >= stages:
             clock = max(clock, ends[k - stages])
         clock += host_ms
-        end = clock
-        for s in range(stages):
-            end = max(end, free[s]) + t
-            free[s] = end
-        ends.append(end)
+        ends.append(_through_stages(free, clock, t, [1.0] * stages)[1][-1])
     return ends
 
 
