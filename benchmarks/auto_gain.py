@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,12 +87,17 @@ def flat_range(auto: AutoTarget, queue: list[tuple[int, int]], budget: int,
     return min(near), max(near), best
 
 
+def predictors(model: LatencyModel) -> tuple[ChunkSizePredictor, ChunkSizePredictor]:
+    """``(auto, base)`` predictors configured as the bench's cpp-auto-8192 and cpp-base-2048."""
+    return (ChunkSizePredictor(model, base_chunk=AUTO_BUDGET,
+                               min_chunk=default_min_chunk(AUTO_BUDGET, "auto")),
+            ChunkSizePredictor(model, base_chunk=BASE_BUDGET,
+                               min_chunk=default_min_chunk(BASE_BUDGET, "base")))
+
+
 def run(model: LatencyModel, hosts: Sequence[float] = HOSTS,
         cases: Sequence = CASES, stages: int = STAGES) -> list[dict]:
-    auto_p = ChunkSizePredictor(model, base_chunk=AUTO_BUDGET,
-                                min_chunk=default_min_chunk(AUTO_BUDGET, "auto"))
-    base_p = ChunkSizePredictor(model, base_chunk=BASE_BUDGET,
-                                min_chunk=default_min_chunk(BASE_BUDGET, "base"))
+    auto_p, base_p = predictors(model)
     rows = []
     for host in hosts:
         auto = AutoTarget(auto_p, stages, host_ms=host)
@@ -148,8 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = str(args.engine_bench)
     md = render(rows, source, model)
     args.out.with_suffix(".json").write_text(json.dumps(
-        {"source": source, "model": model.to_dict(), "rows": rows}, indent=1,
-        default=lambda v: None if isinstance(v, float) and not math.isfinite(v) else v))
+        {"source": source, "model": model.to_dict(), "rows": rows}, indent=1))
     args.out.with_suffix(".md").write_text(md)
     print(md)
     return 0

@@ -14,9 +14,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import auto_gain  # noqa: E402
 from tests.unit.test_auto_target import planner_mean_completion  # noqa: E402
-from vllm_ascend_cpp.config import default_min_chunk  # noqa: E402
 from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
-from vllm_ascend_cpp.core.predictor import ChunkSizePredictor  # noqa: E402
 
 MODEL = LatencyModel(a=1.68e-5, b=0.0925, c=2.8, gamma=1.9e-4)
 CASES = tuple(c for c in auto_gain.CASES if c[0] in
@@ -29,8 +27,7 @@ def rows() -> list[dict]:
 
 
 def test_base_forecast_is_the_planners_steps(rows):
-    base_p = ChunkSizePredictor(MODEL, base_chunk=auto_gain.BASE_BUDGET,
-                                min_chunk=default_min_chunk(auto_gain.BASE_BUDGET, "base"))
+    _, base_p = auto_gain.predictors(MODEL)
     queues = {name: queue for name, queue, _ in CASES}
     for r in rows:
         truth = planner_mean_completion(base_p, queues[r["case"]], [[]], base_p.target_ms,
