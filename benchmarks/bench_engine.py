@@ -83,14 +83,18 @@ from vllm_ascend_cpp.testing.cpu_env import native_dtype, set_cpu_env  # noqa: E
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
 
-def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int) -> list[dict]:
+def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int,
+             auto_base: int | None = None) -> list[dict]:
+    """The policies a run may serve; ``auto_base`` is auto's ``base_chunk`` (default its
+    budget): the plan auto keeps unless its forecast gains more than its margin."""
     out = [{"name": f"fixed-{b}", "budget": b, "cpp": {"target": "fixed"}} for b in fixed_budgets]
     default = prompt_len // 8
     quarter = prompt_len // 4
     out.append({"name": f"cpp-base-{default}", "budget": default, "cpp": {}})
     out.append({"name": f"cpp-base-{quarter}", "budget": quarter, "cpp": {}})
     out.append({"name": f"cpp-auto-{auto_budget}", "budget": auto_budget,
-                "cpp": {"target": "auto"}})
+                "cpp": {"target": "auto",
+                        **({"base_chunk": auto_base} if auto_base is not None else {})}})
     return out
 
 
@@ -436,7 +440,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
         sim_report = {**report, "base_chunk": None, "min_chunk": None}
         yardstick = cell_speed.sweep_model(report)
         for pol in pols:
-            runtime.set_bench_policy(bench_mode(pol), pol["budget"])
+            runtime.set_bench_policy(bench_mode(pol), pol["budget"], pol["cpp"].get("base_chunk"))
             # At the run's largest concurrency (with --warmup at least that): a server that
             # has run a while has served queues, and a policy's steps with a queue (auto's are
             # larger then) touch memory a lone prompt's do not. It did not remove the first
@@ -453,7 +457,8 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
             for c, (key, k, prompts) in enumerate(cells(args, rnd)):
                 arrivals, recorded = None, None
                 if source is not None:
-                    runtime.set_bench_policy(bench_mode(source), source["budget"])
+                    runtime.set_bench_policy(bench_mode(source), source["budget"],
+                                             source["cpp"].get("base_chunk"))
                     mark = len(trace.read())
                     recorded = closed_loop_steps(llm, prompts, k, args.output_len)
                     if yardstick is not None:
@@ -466,7 +471,8 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
                           f"TTFT {recorded['mean_ttft_s'] * 1000:8.0f} ms", flush=True)
                 shift = (rnd + c) % len(pols)
                 for pol in pols[shift:] + pols[:shift]:
-                    runtime.set_bench_policy(bench_mode(pol), pol["budget"])
+                    runtime.set_bench_policy(bench_mode(pol), pol["budget"],
+                                             pol["cpp"].get("base_chunk"))
                     ctx = begin_cell(pol, sim_report, trace, k, prompts, args, arrivals)
                     r = (closed_loop_steps(llm, prompts, k, args.output_len) if arrivals is None
                          else replay_arrivals(llm, prompts, arrivals, args.output_len))
@@ -506,6 +512,8 @@ def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: lis
 
     model = refit_from_trace(lines, report.get("samples"))
     host = host_ms_from_trace(lines)
+    if pol["cpp"].get("base_chunk") is not None:
+        report = {**report, "base_chunk": pol["cpp"]["base_chunk"]}
     target = pol["cpp"].get("target", "base")
     kind = {"fixed": "fixed", "auto": "cpp-auto"}.get(target, "cpp-base")
     try:
@@ -992,6 +1000,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--fixed-budgets", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--auto-budget", type=int, default=8192)
+    ap.add_argument("--auto-base", type=int, default=None,
+                    help="auto's base_chunk (default: its budget), the plan auto keeps unless "
+                         "its forecast gains more than its margin")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
@@ -1049,7 +1060,7 @@ def main() -> int:
     out = args.out or str(ROOT / "benchmarks" / "results" / stem)
     work = Path(tempfile.mkdtemp(prefix="cpp-bench-"))
     t0 = time.perf_counter()
-    pols = policies(args.prompt_len, args.fixed_budgets, args.auto_budget)
+    pols = policies(args.prompt_len, args.fixed_budgets, args.auto_budget, args.auto_base)
     if args.only:
         pols = [p for p in pols if p["name"] in args.only]
     source = arrival_source(pols, args)  # a bad --arrivals-from fails before the engine starts
@@ -1074,6 +1085,7 @@ def main() -> int:
         "wall_s": round(time.perf_counter() - t0, 1),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
         "auto_budget": args.auto_budget, "dtype": args.dtype,
+        **({"auto_base": args.auto_base} if args.auto_base is not None else {}),
         **({"arrivals_from": source["name"], "arrival_jitter_s": ARRIVAL_JITTER_S}
            if source is not None else {}),
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),

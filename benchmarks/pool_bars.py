@@ -7,15 +7,18 @@ Every per-round ratio is paired within its round (same engine, same minute), so 
 several runs, even on different machines, are samples of the same thing as long as the plugin
 code, the policies and the workload were the same. This script checks that, concatenates the
 per-round ratios of each bar row, and gives the pooled point, interval and verdict with the
-same rules as `bench_engine.py` (`bar_verdict`, `ratio_stats.ratio`).
+same rules as `bench_engine.py` (`bar_verdict`, `ratio_stats.ratio`). The TTFT bars at each
+policy's usual speed (`adjusted`, `benchmarks/cell_speed.py`) are pooled the same way when every
+pooled run recorded them.
 
 Provenance: a run's plugin code is the git tree of `vllm_ascend_cpp/` at the commit that last
 wrote its results file, or, for a file not committed yet, the working tree's (refused when
 `vllm_ascend_cpp/` has uncommitted changes). Runs of different code, or of a different
-workload (mode, prompt and output length, auto budget), are refused; a bar row (setting,
-policy, baseline, metric) that some run lacks is left out.
+workload (mode, prompt and output length, auto budget and base chunk), are refused; a bar row
+(setting, policy, baseline, metric) that some run lacks is left out, or with `--partial` pooled
+over the runs that have it (a concurrency-2 run pooled with full runs).
 
-    python benchmarks/pool_bars.py RUN.json RUN.json ... --out benchmarks/results/NAME
+    python benchmarks/pool_bars.py RUN.json RUN.json ... [--partial] --out benchmarks/results/NAME
 Writes NAME.json and NAME.md.
 """
 
@@ -34,7 +37,7 @@ from benchmarks import ratio_stats as rs  # noqa: E402
 from benchmarks.bench_engine import bar_verdict  # noqa: E402
 
 # What must agree between runs for their rounds to be samples of one thing.
-_SAME = ("mode", "prompt_len", "output_len", "auto_budget")
+_SAME = ("mode", "prompt_len", "output_len", "auto_budget", "auto_base")
 
 
 def _git(*args: str) -> str:
@@ -66,9 +69,11 @@ def _how(bar: str) -> tuple[str, float]:
     return ("le" if op == "<=" else "ge"), float(value.rstrip("x"))
 
 
-def pool(runs: list[dict], names: list[str], trees: list[str] | None = None) -> dict:
+def pool(runs: list[dict], names: list[str], trees: list[str] | None = None, *,
+         partial: bool = False) -> dict:
     """The bars of ``runs`` with their rounds pooled; raises ValueError when the runs are not
-    of one workload and one plugin code."""
+    of one workload and one plugin code. ``partial`` pools a row over the runs that have it
+    instead of leaving it out."""
     if not runs:
         raise ValueError("nothing to pool")
     first = runs[0]["meta"]
@@ -90,17 +95,31 @@ def pool(runs: list[dict], names: list[str], trees: list[str] | None = None) -> 
             key = (b["key"], b["policy"], b["baseline"], b["metric"], b["bar"])
             row = rows.setdefault(key, {"key": b["key"], "policy": b["policy"],
                                         "baseline": b["baseline"], "metric": b["metric"],
-                                        "bar": b["bar"], "values": [], "per_run": {}})
+                                        "bar": b["bar"], "values": [], "adjusted": [],
+                                        "per_run": {}})
             row["values"] += b["ratio"]["values"]
+            adj = b.get("adjusted")
+            if adj is None or row["adjusted"] is None:
+                row["adjusted"] = None  # a run without it: no pooled figure at usual speed
+            else:
+                row["adjusted"] += adj["ratio"]["values"]
             row["per_run"][name] = {"quoted": b["ratio"]["quoted"], "verdict": b["verdict"]}
+            if adj is not None:
+                row["per_run"][name]["adjusted"] = {"quoted": adj["ratio"]["quoted"],
+                                                    "verdict": adj["verdict"]}
     out = []
     for row in rows.values():
-        if len(row["per_run"]) != len(runs):
+        if len(row["per_run"]) != len(runs) and not partial:
             continue  # a row some run lacks is not pooled
         how, bar = _how(row["bar"])
         r = rs.ratio(row.pop("values"))
-        out.append({**row, "ratio": r.to_dict(), "verdict": bar_verdict(r, bar, how),
-                    "point_on_the_right_side": r.point <= bar if how == "le" else r.point >= bar})
+        adj_values = row.pop("adjusted")
+        pooled = {**row, "ratio": r.to_dict(), "verdict": bar_verdict(r, bar, how),
+                  "point_on_the_right_side": r.point <= bar if how == "le" else r.point >= bar}
+        if adj_values:
+            a = rs.ratio(adj_values)
+            pooled["adjusted"] = {"ratio": a.to_dict(), "verdict": bar_verdict(a, bar, how)}
+        out.append(pooled)
     return {"runs": names, "plugin_tree": trees[0] if trees else None,
             "meta": {k: first.get(k) for k in _SAME}, "bars": out}
 
@@ -121,10 +140,25 @@ def markdown(res: dict, command: str) -> str:
              + " | pooled [95% interval] | rounds | result | point within bar |",
              "|---|---|---|---|---|" + "---|" * len(runs) + "---|---|---|---|"]
     for b in res["bars"]:
-        per = " | ".join(b["per_run"][r]["quoted"] for r in runs)
+        per = " | ".join(b["per_run"][r]["quoted"] if r in b["per_run"] else "-" for r in runs)
         lines.append(f"| {b['key']} | {b['policy']} | {b['baseline']} | {b['metric']} | "
                      f"{b['bar']} | {per} | {b['ratio']['quoted']} | {len(b['ratio']['values'])}"
                      f" | {b['verdict']} | {'yes' if b['point_on_the_right_side'] else 'no'} |")
+    adjusted = [b for b in res["bars"] if "adjusted" in b]
+    if adjusted:
+        lines += ["", "The TTFT bars at each policy's usual speed (each run's `adjusted` rounds, "
+                  "pooled the same way; the raw ratios above stay the verdict):", "",
+                  "| setting | policy | against | bar | "
+                  + " | ".join(Path(r).stem.removeprefix("engine_bench_") for r in runs)
+                  + " | pooled at usual speed | rounds | result |",
+                  "|---|---|---|---|" + "---|" * len(runs) + "---|---|---|"]
+        for b in adjusted:
+            per = " | ".join(b["per_run"][r]["adjusted"]["quoted"]
+                             if "adjusted" in b["per_run"].get(r, {}) else "-" for r in runs)
+            a = b["adjusted"]
+            lines.append(f"| {b['key']} | {b['policy']} | {b['baseline']} | {b['bar']} | "
+                         f"{per} | {a['ratio']['quoted']} | {len(a['ratio']['values'])} | "
+                         f"{a['verdict']} |")
     met = sum(b["verdict"] == "met" for b in res["bars"])
     missed = sum(b["verdict"] == "missed" for b in res["bars"])
     points = sum(b["point_on_the_right_side"] for b in res["bars"])
@@ -138,12 +172,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="bench_engine results JSON files")
     ap.add_argument("--out", required=True, help="output path without suffix")
+    ap.add_argument("--partial", action="store_true",
+                    help="pool a bar row over the runs that have it instead of leaving it out")
     a = ap.parse_args()
     paths = [Path(p) for p in a.runs]
     runs = [json.loads(p.read_text()) for p in paths]
     names = [_in_repo(p) or str(p) for p in paths]
     try:
-        res = pool(runs, names, [plugin_tree(p) for p in paths])
+        res = pool(runs, names, [plugin_tree(p) for p in paths], partial=a.partial)
     except ValueError as e:
         print(f"pool_bars: {e}", file=sys.stderr)
         return 2

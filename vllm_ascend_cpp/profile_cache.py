@@ -45,6 +45,8 @@ def cache_key_fields(vllm_config: Any, cfg: Any, facts: Any) -> dict[str, Any]:
         "pp": facts.pp_size,
         "max_num_batched_tokens": facts.max_num_batched_tokens,
         "base_chunk": cfg.base_chunk,
+        # Under "auto" the sweep covers the step budget, not the base chunk.
+        "target": cfg.target,
         "block_size": facts.block_size,
         "device": compat.platform_name(),
         # Compiled graphs and eager kernels cost differently per step.

@@ -145,6 +145,7 @@ def core_settings(cfg: CppConfig, facts: EngineFacts) -> CoreSettings:
         reference_prompt_len=min(8 * base, max(facts.max_model_len - 1, base)),
         # "fixed" never reaches the planner (see plan()); its report shows the base target.
         target_mode="auto" if cfg.target == "auto" else "base",
+        step_budget=max(base, int(facts.max_num_batched_tokens)),
     )
 
 
@@ -238,8 +239,10 @@ class CppRuntime:
         return StepPlan(budget, 0, items, ms, fallback=False, reason="bench fixed budget",
                         target_ms=target)
 
-    def set_bench_policy(self, mode: str | None, budget: int | None = None) -> None:
-        """BENCHMARK ONLY: serve the next requests as policy ``mode`` with ``budget`` tokens.
+    def set_bench_policy(self, mode: str | None, budget: int | None = None,
+                         base_chunk: int | None = None) -> None:
+        """BENCHMARK ONLY: serve the next requests as policy ``mode`` with ``budget`` tokens
+        (and ``base_chunk``, default the budget, as cpp_config's key of that name).
 
         benchmarks/bench_engine.py --one-engine calls this between rounds on an in-process
         engine so that one engine instance serves every policy (engine instances differ in
@@ -258,11 +261,16 @@ class CppRuntime:
         if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= limit:
             raise ValueError(f"bench budget must be an integer in 1..{limit} (the engine's "
                              f"max_num_batched_tokens), got {budget!r}")
+        base = budget if base_chunk is None else base_chunk
+        if isinstance(base, bool) or not isinstance(base, int) or not 0 < base <= budget:
+            raise ValueError(f"bench base_chunk must be an integer in 1..{budget} (the "
+                             f"policy's budget), got {base!r}")
         self.bench_policy = BenchPolicy(mode, budget)
         if mode != "fixed":
-            cfg = replace(self.cfg, base_chunk=budget, target=mode,
-                          min_chunk=default_min_chunk(budget, mode))
-            self.manager.reconfigure(core_settings(cfg, self.facts))
+            cfg = replace(self.cfg, base_chunk=base, target=mode,
+                          min_chunk=default_min_chunk(base, mode))
+            facts = replace(self.facts, max_num_batched_tokens=budget)
+            self.manager.reconfigure(core_settings(cfg, facts))
         self.max_budget = budget
         logger.info("[CPP] benchmark policy: %s with budget %d", mode, budget)
 

@@ -36,6 +36,19 @@ def test_switched_runtime_plans_like_an_engine_with_that_budget(kind: str, mode:
     assert (big.manager.auto is not None) == (mode == "auto")
 
 
+def test_a_base_chunk_below_the_budget_plans_like_cpp_config_with_it() -> None:
+    big = build_runtime(ENGINE, Policy("cpp-base", 8192))
+    ref = build_runtime(ENGINE, Policy("cpp-auto", 8192, base_chunk=2048))
+    big.set_bench_policy("auto", 8192, base_chunk=2048)
+    assert big.max_budget == 8192
+    for field in ("base_chunk", "min_chunk", "target_mode"):
+        assert getattr(big.manager.settings, field) == getattr(ref.manager.settings, field)
+    assert big.manager.settings.base_chunk == 2048
+    assert big.manager.predictor.target_ms == pytest.approx(ref.manager.predictor.target_ms)
+    with pytest.raises(ValueError, match="base_chunk"):
+        big.set_bench_policy("auto", 4096, base_chunk=8192)
+
+
 def test_fixed_sets_the_budget_on_every_step_and_none_restores() -> None:
     rt = build_runtime(ENGINE, Policy("cpp-base", 8192))
     sched = SimScheduler(8192, 16)

@@ -53,6 +53,40 @@ def test_a_row_some_run_lacks_is_left_out() -> None:
     assert [b["key"] for b in res["bars"]] == ["c2-fixed"]
 
 
+def test_partial_pools_a_row_over_the_runs_that_have_it() -> None:
+    full = _run([0.99, 1.01, 1.00], extra=True)
+    full["bars"][1]["ratio"] = {"values": [0.95, 0.96, 0.97], "quoted": "Q4"}
+    res = pb.pool([full, _run([1.02, 0.98, 1.00])], ["full", "c2"], partial=True)
+    rows = {b["key"]: b for b in res["bars"]}
+    assert rows["c2-fixed"]["ratio"]["values"] == [0.99, 1.01, 1.00, 1.02, 0.98, 1.00]
+    assert rows["c4-fixed"]["ratio"]["values"] == [0.95, 0.96, 0.97]
+    assert set(rows["c4-fixed"]["per_run"]) == {"full"}
+    # The run without the row shows a dash, not another run's figure.
+    assert "| c4-fixed | cpp-auto-8192 | fixed-1024 | ttft | <= 1.02x | Q4 | - | 0.960x" \
+        in pb.markdown(res, "cmd")
+    assert [b["key"] for b in pb.pool([full, _run([1.0] * 3)], ["full", "c2"])["bars"]] \
+        == ["c2-fixed"]
+
+
+def _adjusted(run: dict, values: list[float]) -> dict:
+    run["bars"][0]["adjusted"] = {"ratio": {"values": values, "quoted": "q"},
+                                  "verdict": "not resolvable at this spread"}
+    return run
+
+
+def test_the_bars_at_usual_speed_are_pooled_when_every_run_has_them() -> None:
+    a = _adjusted(_run([1.1, 0.9, 1.0]), [0.97, 0.98, 0.99])
+    b = _adjusted(_run([1.0, 1.1, 0.9]), [0.98, 0.97, 0.99])
+    (row,) = pb.pool([a, b], ["a", "b"])["bars"]
+    assert row["adjusted"]["ratio"]["values"] == [0.97, 0.98, 0.99, 0.98, 0.97, 0.99]
+    assert row["adjusted"]["verdict"] == "met"  # the raw rounds alone resolve nothing
+    assert row["verdict"] == "not resolvable at this spread"
+    assert "pooled at usual speed" in pb.markdown(pb.pool([a, b], ["a", "b"]), "cmd")
+    # One run without them: a pooled figure of the other's rounds alone would pass for both.
+    (row,) = pb.pool([a, _run([1.0, 1.1, 0.9])], ["a", "c"])["bars"]
+    assert "adjusted" not in row
+
+
 def test_runs_of_another_workload_or_code_are_refused() -> None:
     with pytest.raises(ValueError, match="prompt_len"):
         pb.pool([_run([1.0] * 3), _run([1.0] * 3, meta={**META, "prompt_len": 8192})],

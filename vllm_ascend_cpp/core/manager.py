@@ -119,9 +119,10 @@ class ProfilingChunkManager:
     # -- profiling ------------------------------------------------------------------------
 
     def sample_sizes(self) -> list[int]:
-        """``num_samples`` sizes ``base, base*(n-1)/n, ..., base/n`` (ints >= 1, descending)."""
+        """``num_samples`` sizes ``top, top*(n-1)/n, ..., top/n`` (ints >= 1, descending),
+        ``top`` the settings' ``sweep_top``."""
         n = self.settings.num_samples
-        base = self.settings.base_chunk
+        base = self.settings.sweep_top
         return [max(1, base * (n - k) // n) for k in range(n)]
 
     def begin_profiling(self) -> None:
@@ -485,7 +486,7 @@ class ProfilingChunkManager:
         if self.auto is not None:
             # The report shows the plan auto would make for the reference prompt alone.
             s = self.settings
-            auto = self.auto.auto.choose([(0, s.reference_len)], s.base_chunk)
+            auto = self.auto.auto.choose([(0, s.reference_len)], s.sweep_top)
             if auto is not None and math.isfinite(auto.target_ms) and auto.target_ms > 0:
                 predictor = predictor.with_model(self.model, target_ms=auto.target_ms)
         self.report = build_report(model=self.model, fit=self.fit, sizes=self._sizes,

@@ -72,7 +72,7 @@ def build_report(*, model: LatencyModel | None, fit: FitResult | None,
                  source: str = "sweep", fallback_reason: str = "") -> dict:
     """Everything the observability contract asks of the startup report, as a dict."""
     reference = settings.reference_prompt_len or 8 * settings.base_chunk
-    plans = compare_plans(predictor, reference, settings.base_chunk, settings.pp_size)
+    plans = compare_plans(predictor, reference, settings.sweep_top, settings.pp_size)
     return {
         "source": source,
         "state": getattr(state, "value", state),

@@ -28,6 +28,8 @@ class CoreSettings:
     reference_prompt_len: int | None = None
     # "base": every step aims at the base chunk's cost; "auto": core/auto_target.py picks it.
     target_mode: str = "base"
+    # The engine's step token budget (max_num_batched_tokens); None: the base chunk.
+    step_budget: int | None = None
 
     def __post_init__(self) -> None:
         positive = ("base_chunk", "block_size", "num_samples", "calibration_window",
@@ -44,9 +46,23 @@ class CoreSettings:
         if self.target_mode not in TARGET_MODES:
             raise ValueError(f"target_mode must be one of {', '.join(TARGET_MODES)}, "
                              f"got {self.target_mode!r}")
+        budget = self.step_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                                   or budget < self.base_chunk):
+            raise ValueError(f"step_budget must be an integer >= base_chunk "
+                             f"({self.base_chunk}), got {budget!r}")
         ref = self.reference_prompt_len
         if ref is not None and (isinstance(ref, bool) or not isinstance(ref, int) or ref < 1):
             raise ValueError(f"reference_prompt_len must be a positive integer, got {ref!r}")
+
+    @property
+    def sweep_top(self) -> int:
+        """The largest chunk of the startup sweep: the base chunk, or under ``auto`` the step
+        budget, whose whole range auto plans in (its base chunk is only the plan it keeps
+        unless its forecast gains clearly more)."""
+        if self.target_mode == "auto" and self.step_budget is not None:
+            return self.step_budget
+        return self.base_chunk
 
     @property
     def reference_len(self) -> int:
