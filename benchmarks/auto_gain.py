@@ -7,9 +7,7 @@ CPU engine's latency model (`meta.coefficients` of an engine_bench JSON, per sta
 takes the queues that A/B makes (lone prompts, two arriving together, prompts with requests
 decoding beside them) and, at 0, 5 and 30 ms of host time per dispatch, reports:
 
-- auto's choice (budget 8192, as `cpp-auto-8192`) and its forecast mean time to first token:
-  the search's own best, without the margin (`BASE_MARGIN`) by which the engine keeps the base
-  target unless the gain is larger;
+- auto's choice (budget 8192, as `cpp-auto-8192`) and its forecast mean time to first token;
 - the same forecast for base's own target and budget (`cpp-base-2048`: the cost of a
   2048-token chunk at no history, budget 2048, its default smallest chunk);
 - how flat the forecast is: the smallest and largest target, on a fine grid, whose forecast is
@@ -35,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vllm_ascend_cpp.config import default_min_chunk  # noqa: E402
-from vllm_ascend_cpp.core.auto_target import BASE_MARGIN, AutoTarget  # noqa: E402
+from vllm_ascend_cpp.core.auto_target import AutoTarget  # noqa: E402
 from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
 from vllm_ascend_cpp.core.predictor import ChunkSizePredictor  # noqa: E402
 
@@ -102,7 +100,7 @@ def run(model: LatencyModel, hosts: Sequence[float] = HOSTS,
     auto_p, base_p = predictors(model)
     rows = []
     for host in hosts:
-        auto = AutoTarget(auto_p, stages, host_ms=host, margin=0.0)  # the search alone
+        auto = AutoTarget(auto_p, stages, host_ms=host)
         base = AutoTarget(base_p, stages, host_ms=host)
         for name, queue, phases in cases:
             dec = decode_load(auto, phases)
@@ -123,9 +121,7 @@ def render(rows: list[dict], source: str, model: LatencyModel) -> str:
            f"`{source}`: {model.to_dict()}). Two stages; auto with budget {AUTO_BUDGET}, base "
            f"with budget {BASE_BUDGET} and its own target. Forecast = mean time to first token "
            "over the queue, from now (ms). Flat range: the targets whose forecast is within "
-           f"{FLAT:.0%} of the best on a fine grid. Auto's target is the search's own best: "
-           f"the engine keeps the base target unless the gain exceeds {BASE_MARGIN:.0%} "
-           "(`BASE_MARGIN`).", "",
+           f"{FLAT:.0%} of the best on a fine grid.", "",
            "| case | host ms per dispatch | auto target | base target | auto forecast | "
            "base forecast | auto / base | targets within 1% of the best |",
            "|---|---|---|---|---|---|---|---|"]

@@ -86,7 +86,7 @@ from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int,
              auto_base: int | None = None) -> list[dict]:
     """The policies a run may serve; ``auto_base`` is auto's ``base_chunk`` (default its
-    budget): the plan auto keeps unless its forecast gains more than its margin."""
+    budget), below its budget as cpp_config allows."""
     out = [{"name": f"fixed-{b}", "budget": b, "cpp": {"target": "fixed"}} for b in fixed_budgets]
     default = prompt_len // 8
     quarter = prompt_len // 4
@@ -1001,8 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fixed-budgets", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--auto-budget", type=int, default=8192)
     ap.add_argument("--auto-base", type=int, default=None,
-                    help="auto's base_chunk (default: its budget), the plan auto keeps unless "
-                         "its forecast gains more than its margin")
+                    help="auto's base_chunk (default: its budget)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from vllm_ascend_cpp.config import CppConfig, EngineFacts
-from vllm_ascend_cpp.core.auto_target import BASE_MARGIN, AutoTarget, AutoTargetTracker
+from vllm_ascend_cpp.core.auto_target import AutoTarget, AutoTargetTracker
 from vllm_ascend_cpp.core.latency_model import LatencyModel, pipeline_ttft_ms
 from vllm_ascend_cpp.core.manager import ProfilingChunkManager
 from vllm_ascend_cpp.core.predictor import ChunkSizePredictor
@@ -65,8 +65,7 @@ def test_auto_is_as_good_as_a_brute_force_search_over_targets(a, b, c, gamma, pr
     budget, min_chunk = budget_min
     model = LatencyModel(a=a, b=b, c=c, gamma=gamma)
     p = ChunkSizePredictor(model, base_chunk=budget, min_chunk=min_chunk)
-    # The search alone: no margin keeping base's target.
-    choice = AutoTarget(p, stages, margin=0.0).choose([(0, prompt)], budget)
+    choice = AutoTarget(p, stages).choose([(0, prompt)], budget)
     assert choice is not None and choice.target_ms > 0
     auto = exact_ttft(p, choice.target_ms, prompt, budget, stages)
     best, best_target = brute_best_ttft(p, prompt, budget, stages)
@@ -74,27 +73,6 @@ def test_auto_is_as_good_as_a_brute_force_search_over_targets(a, b, c, gamma, pr
     assert auto <= best * 1.02, f"auto {auto:.1f} ms at {choice.target_ms:.3g} ms, " \
         f"brute force {best:.1f} ms at {best_target:.3g} ms"
     assert choice.predicted_ms == pytest.approx(auto)
-
-
-@pytest.mark.parametrize("a,b,c,gamma,prompt,stages,budget_min", GRID)
-def test_auto_leaves_base_only_for_a_gain_beyond_its_margin(a, b, c, gamma, prompt, stages,
-                                                            budget_min):
-    budget, min_chunk = budget_min
-    p = ChunkSizePredictor(LatencyModel(a=a, b=b, c=c, gamma=gamma), base_chunk=budget,
-                           min_chunk=min_chunk)
-    margin = BASE_MARGIN
-    choice = AutoTarget(p, stages).choose([(0, prompt)], budget)
-    auto = exact_ttft(p, choice.target_ms, prompt, budget, stages)
-    base = exact_ttft(p, p.target_ms, prompt, budget, stages)
-    best, _ = brute_best_ttft(p, prompt, budget, stages)
-    if choice.target_ms != p.target_ms:
-        assert auto < (1.0 - margin) * base  # a target of its own only for a clear gain
-    # Where the brute force finds a clear gain (beyond the margin and the grid's 2%), auto
-    # takes it; otherwise it is within the margin of base's plan.
-    if best * 1.02 < (1.0 - margin) * base:
-        assert choice.target_ms != p.target_ms
-    assert auto <= base
-    assert auto <= best * 1.02 / (1.0 - margin)
 
 
 def test_closed_form_direction_more_overhead_fewer_steps():
@@ -216,7 +194,7 @@ def test_settings_and_runtime_mapping():
                                   .to_dict()).target_mode == "auto"
 
 
-def test_under_auto_the_sweep_covers_the_budget_and_the_base_chunk_is_the_kept_plan():
+def test_under_auto_the_sweep_covers_the_budget():
     facts = EngineFacts(pp_size=2, tp_size=1, max_num_batched_tokens=8192, max_num_seqs=8,
                         block_size=16, max_model_len=65536)
     sweeps = {}
@@ -230,20 +208,6 @@ def test_under_auto_the_sweep_covers_the_budget_and_the_base_chunk_is_the_kept_p
     assert len(sweeps["auto"]) == len(sweeps["base"])
     with pytest.raises(ValueError, match="step_budget"):
         CoreSettings(base_chunk=4096, step_budget=2048)
-    # Where the forecast is flat, auto keeps the base chunk's target; with no margin it would
-    # pick one of its own for a gain of a few tenths of a percent. The CPU engine's model
-    # (benchmarks/auto_gain.py), an 11k and a 16k prompt arriving together.
-    model = LatencyModel(a=1.68e-5, b=0.0925, c=2.8, gamma=1.89e-4)
-    p = ChunkSizePredictor(model, base_chunk=2048, min_chunk=256)
-    queue = [(0, 11 * K), (0, 16 * K)]
-    kept = AutoTarget(p, 2).choose(queue, 8192)
-    free = AutoTarget(p, 2, margin=0.0).choose(queue, 8192)
-    assert kept.target_ms == p.target_ms != free.target_ms
-    assert free.predicted_ms < kept.predicted_ms <= free.predicted_ms / (1 - BASE_MARGIN)
-    # A 4k prompt alone: the forecast gains 17% with small steps, and auto takes them.
-    short = AutoTarget(p, 2).choose([(0, 4 * K)], 8192)
-    assert short.target_ms < p.target_ms
-    assert short.predicted_ms < (1 - BASE_MARGIN) * short.base_predicted_ms
 
 
 def test_unready_predictor_gives_no_choice():
@@ -499,10 +463,10 @@ def test_large_steps_in_flight_keep_a_new_head_from_falling_below_them(stages):
     # With at most S batches in flight, a step far cheaper than the ones still in the
     # pipeline leaves the first stage waiting for a slot: a new head behind large steps is
     # better off starting near their size. Steps in flight at the queue's own size change
-    # little. The forecast's own choices (no margin): base's target here is the cheapest.
+    # little.
     model = LatencyModel(a=4e-7, b=0.01, c=0.5)
     p = ChunkSizePredictor(model, base_chunk=2048, min_chunk=256)
-    auto = AutoTarget(p, stages, margin=0.0)
+    auto = AutoTarget(p, stages)
     queue = [(0, 8 * K)] * 3
     alone = auto.choose(queue, 2048).target_ms
     behind_large = auto.choose(queue, 2048, in_flight=[30.0] * (stages - 1)).target_ms

@@ -39,26 +39,20 @@ def test_auto_against_base_across_a_grid():
                          ("closed loop", closed), ("closed-loop makespan", span)):
         worst = max(values, key=values.get)
         print(f"{name}: auto/base over {len(GRID)} cases: mean "
-              f"{np.mean(list(values.values())):.4f}, worst {values[worst]:.3f} at {worst}, "
+              f"{np.mean(list(values.values())):.3f}, worst {values[worst]:.3f} at {worst}, "
               f"{sum(r > 1.0 for r in values.values())} cases above 1")
     # One jitter draw moves base against itself by 1% to 2% (the benchmark's base spread,
     # median) and by up to 15%: a case may sit above 1.0 on one draw by noise. One more than
     # half a percent above is judged on 16 draws (auto's mean TTFT over them against base's),
-    # where the noise averages out: there it must not be above base by more than half a
-    # percent. Auto keeps base's target unless its forecast gains more than its margin (3%),
-    # which gives up the smaller gains the simulator does deliver: the NPU-like case at
-    # concurrency 2, 4K prompts, 3 ms, is 1.0004 over 16 draws on base's arrivals (standard
-    # error 0.007; 0.997 without the margin), the cheap-constant case at concurrency 4, 16K
-    # prompts, 4 stages, 1.0029 on auto's own (s.e. 0.0012; 0.994 without, 0.997 at 1%).
+    # where the noise averages out: there it must not be above base.
     for case in {c for values in (same, own) for c, r in values.items() if r > 1.005}:
         extra = {}
         _, draws = case_runs(MODELS[case[0]], *case[1:], draws=16, extra=extra, own_draws=16)
         for name, runs in (("base's", draws), ("auto's", extra["auto_arrivals_draws"])):
             pooled = np.mean([a for a, _ in runs]) / np.mean([b for _, b in runs])
-            se = np.std([a / b for a, b in runs], ddof=1) / np.sqrt(len(runs))
             print(f"{case} on {name} arrivals: {runs[0][0] / runs[0][1]:.3f} on one draw, "
-                  f"{pooled:.3f} over 16 (s.e. {se:.3f})")
-            assert pooled <= 1.005, (case, name)
+                  f"{pooled:.3f} over 16")
+            assert pooled <= 1.0, (case, name)
     assert np.mean(list(same.values())) <= 0.92
     # The closed loop's time to serve every request is not worse on average.
     assert np.mean(list(span.values())) <= 1.0

@@ -44,11 +44,8 @@ target (each step's lead chunk is the predictor's own ``next_chunk``, fold rule 
 rest of the step is filled as :class:`~.step_planner.StepPlanner` fills it), scores the mean
 completion time over the queue and searches the target on a geometric grid, then refines. For
 a lone prompt the winner is checked against the base target with the real predictor, so
-``auto`` never predicts a worse TTFT than ``base``. The winner replaces the base target only
-when it is forecast to gain more than ``margin`` (3% by default, :data:`BASE_MARGIN`): a smaller
-gain is inside the forecast's own error between targets, and on the real engine choices made on
-such gains went either way against ``base`` from run to run. Choices are cached by the queue's
-shape in coarse buckets.
+``auto`` never predicts a worse TTFT than ``base``. Choices are cached by the queue's shape in
+coarse buckets.
 
 :class:`AutoTargetTracker` is the per-engine state the manager keeps: it re-chooses only when
 the head of the prefill queue changes, more prefill work arrives or decodes join or leave, and
@@ -75,8 +72,8 @@ from .latency_model import pipeline_ttft_ms
 from .predictor import ChunkSizePredictor
 from .step_planner import Candidate, held_chunk, phase_move
 
-__all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "BASE_MARGIN", "DecodeLoad",
-           "MAX_QUEUE", "decode_phases"]
+__all__ = ["AutoChoice", "AutoTarget", "AutoTargetTracker", "DecodeLoad", "MAX_QUEUE",
+           "decode_phases"]
 
 # Requests beyond this far down the queue do not change the choice: by then the target is at
 # the budget's cap anyway.
@@ -86,13 +83,6 @@ _REFINE_POINTS = 8
 _CACHE_SIZE = 4096
 # Targets so small that the queue would take more steps than this are not considered.
 _MAX_STEPS = 512
-# Auto leaves base's target only for a forecast gain larger than this share of base's TTFT.
-# Between two targets the forecast's error is not the per-step error: steps of very different
-# sizes are priced by one model, and on the CPU engine small steps at long histories ran up to
-# 1.4 times their price on noisy days. Where the forecast is flat (every target within a few
-# percent, as for 11k-22k prompts on that engine: benchmarks/results/auto_gain.md) the choice
-# between targets is noise, and base's target is the one whose steps were measured.
-BASE_MARGIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -171,13 +161,9 @@ class AutoTarget:
 
     def __init__(self, predictor: ChunkSizePredictor, stages: int, *,
                  grid_points: int = _GRID_POINTS, refine_points: int = _REFINE_POINTS,
-                 cache_size: int = _CACHE_SIZE, host_ms: float = 0.0,
-                 margin: float = BASE_MARGIN) -> None:
+                 cache_size: int = _CACHE_SIZE, host_ms: float = 0.0) -> None:
         if isinstance(stages, bool) or int(stages) < 1:
             raise ValueError(f"stages must be a positive integer, got {stages!r}")
-        if not 0.0 <= float(margin) < 1.0:
-            raise ValueError(f"margin must be in [0, 1), got {margin!r}")
-        self.margin = float(margin)
         self.predictor = predictor
         self.stages = int(stages)
         self.grid_points = max(4, int(grid_points))
@@ -419,21 +405,20 @@ class AutoTarget:
                     scored.append((value, steps, t))
                     best = min(best, value)
         value, steps, target = min(scored, key=lambda s: (s[0], -s[2]))
-        base_value, base_steps = math.nan, steps
+        base_value = math.nan
         if usable_base:
-            # Scored in full: the search may have cut it short or left it below the head.
-            base_value, base_steps = next(
-                ((v, n) for v, n, t in scored if t == base_t and math.isfinite(v)), None) \
-                or self.forecast(queue, budget, base_t, decodes=dec, in_flight=flight)
+            base_value = next((v for v, _, t in scored if t == base_t), math.nan)
         if len(queue) == 1 and decode_tokens == 0 and usable_base and not flight:
             # The lean forecast skips a few of the predictor's tail rules; for a lone prompt
             # the real plan decides, so auto can never predict worse than base.
             L, R = queue[0]
-            value = self._exact_single(L, R, budget, target)
-            base_value = self._exact_single(L, R, budget, base_t)
-        if usable_base and math.isfinite(base_value) \
-                and not value < (1.0 - self.margin) * base_value:
-            target, value, steps = base_t, base_value, base_steps
+            exact_auto = self._exact_single(L, R, budget, target)
+            exact_base = self._exact_single(L, R, budget, base_t)
+            base_value = exact_base
+            if exact_base < exact_auto:
+                target, value = base_t, exact_base
+            else:
+                value = exact_auto
         return AutoChoice(float(target), float(value), base_t, float(base_value), steps,
                           len(queue))
 

@@ -58,8 +58,7 @@ class CoreSettings:
     @property
     def sweep_top(self) -> int:
         """The largest chunk of the startup sweep: the base chunk, or under ``auto`` the step
-        budget, whose whole range auto plans in (its base chunk is only the plan it keeps
-        unless its forecast gains clearly more)."""
+        budget, whose whole range auto plans in (its base chunk may sit below it)."""
         if self.target_mode == "auto" and self.step_budget is not None:
             return self.step_budget
         return self.base_chunk
