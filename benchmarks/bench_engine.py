@@ -73,9 +73,9 @@ from benchmarks import ratio_stats as rs  # noqa: E402
 from benchmarks.engine_setup import (  # noqa: E402
     BENCH_MODEL,
     TraceLog,
-    bench_mode,
     cpp_settings,
     engine_kwargs,
+    use_policy,
 )
 from vllm_ascend_cpp.config import CppConfig  # noqa: E402
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
@@ -440,7 +440,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
         sim_report = {**report, "base_chunk": None, "min_chunk": None}
         yardstick = cell_speed.sweep_model(report)
         for pol in pols:
-            runtime.set_bench_policy(bench_mode(pol), pol["budget"], pol["cpp"].get("base_chunk"))
+            use_policy(runtime, pol)
             # At the run's largest concurrency (with --warmup at least that): a server that
             # has run a while has served queues, and a policy's steps with a queue (auto's are
             # larger then) touch memory a lone prompt's do not. It did not remove the first
@@ -457,8 +457,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
             for c, (key, k, prompts) in enumerate(cells(args, rnd)):
                 arrivals, recorded = None, None
                 if source is not None:
-                    runtime.set_bench_policy(bench_mode(source), source["budget"],
-                                             source["cpp"].get("base_chunk"))
+                    use_policy(runtime, source)
                     mark = len(trace.read())
                     recorded = closed_loop_steps(llm, prompts, k, args.output_len)
                     if yardstick is not None:
@@ -471,8 +470,7 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
                           f"TTFT {recorded['mean_ttft_s'] * 1000:8.0f} ms", flush=True)
                 shift = (rnd + c) % len(pols)
                 for pol in pols[shift:] + pols[:shift]:
-                    runtime.set_bench_policy(bench_mode(pol), pol["budget"],
-                                             pol["cpp"].get("base_chunk"))
+                    use_policy(runtime, pol)
                     ctx = begin_cell(pol, sim_report, trace, k, prompts, args, arrivals)
                     r = (closed_loop_steps(llm, prompts, k, args.output_len) if arrivals is None
                          else replay_arrivals(llm, prompts, arrivals, args.output_len))

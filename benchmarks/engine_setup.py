@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 # A wider MLP than the test model: attention is then 50-80% of the last chunk's cost at 16k
 # (printed from the fitted profile), instead of ~95% with the tiny test model.
@@ -36,6 +37,12 @@ def cpp_settings(trace: Path, work: Path, extra: dict) -> dict:
 
 def bench_mode(pol: dict) -> str:
     return {"fixed": "fixed", "auto": "auto"}.get(pol["cpp"].get("target", "base"), "base")
+
+
+def use_policy(runtime: Any, pol: dict) -> None:
+    """Switch a one-engine runtime to plan as an engine configured with ``pol`` would
+    (``CppRuntime.set_bench_policy``: its mode, budget and base chunk)."""
+    runtime.set_bench_policy(bench_mode(pol), pol["budget"], pol["cpp"].get("base_chunk"))
 
 
 class TraceLog:

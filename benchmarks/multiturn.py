@@ -47,9 +47,9 @@ from benchmarks import ratio_stats as rs  # noqa: E402
 from benchmarks.engine_setup import (  # noqa: E402
     BENCH_MODEL,
     TraceLog,
-    bench_mode,
     cpp_settings,
     engine_kwargs,
+    use_policy,
 )
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import set_cpu_env  # noqa: E402
@@ -259,7 +259,7 @@ def run_multiturn(args: Any, work: Path) -> dict:
         report = json.loads(Path(str(trace_path) + ".report.json").read_text())
 
         def use(pol: dict) -> None:
-            runtime.set_bench_policy(bench_mode(pol), pol["budget"])
+            use_policy(runtime, pol)
             runtime.set_bench_prefix_lookup(pol["lookup"])
             # Each policy starts cold: a hit must come from its own earlier turns.
             if not llm.reset_prefix_cache():
