@@ -84,9 +84,9 @@ from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
 
 
 def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int,
-             auto_base: int | None = None) -> list[dict]:
+             auto_base: int | None = None, extra: list[dict] | None = None) -> list[dict]:
     """The policies a run may serve; ``auto_base`` is auto's ``base_chunk`` (default its
-    budget), below its budget as cpp_config allows."""
+    budget), below its budget as cpp_config allows; ``extra`` are --extra-policy's."""
     out = [{"name": f"fixed-{b}", "budget": b, "cpp": {"target": "fixed"}} for b in fixed_budgets]
     default = prompt_len // 8
     quarter = prompt_len // 4
@@ -95,7 +95,28 @@ def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int,
     out.append({"name": f"cpp-auto-{auto_budget}", "budget": auto_budget,
                 "cpp": {"target": "auto",
                         **({"base_chunk": auto_base} if auto_base is not None else {})}})
-    return out
+    return out + list(extra or [])
+
+
+EXTRA_KEYS = ("target", "base_chunk", "min_chunk")
+
+
+def extra_policy(text: str) -> dict:
+    """``NAME:BUDGET:JSON`` (--extra-policy), e.g. ``cpp-base-2048-in-8192:8192:
+    {"base_chunk": 2048}``: a policy beside the standard ones, to take a difference between
+    two of them apart. JSON holds cpp_config keys the one-engine switch can set."""
+    try:
+        name, budget, cpp = text.split(":", 2)
+        pol = {"name": name, "budget": int(budget), "cpp": json.loads(cpp)}
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected NAME:BUDGET:JSON, got {text!r} ({exc})") \
+            from None
+    if not isinstance(pol["cpp"], dict) or set(pol["cpp"]) - set(EXTRA_KEYS):
+        raise argparse.ArgumentTypeError(f"the JSON must be an object of {EXTRA_KEYS}, "
+                                         f"got {cpp!r}")
+    if pol["cpp"].get("target", "base") not in ("fixed", "base", "auto"):
+        raise argparse.ArgumentTypeError(f"target must be fixed, base or auto, got {cpp!r}")
+    return pol
 
 
 def run_figures(ttfts: dict[int, float], out_tokens: int, wall: float,
@@ -510,12 +531,15 @@ def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: lis
 
     model = refit_from_trace(lines, report.get("samples"))
     host = host_ms_from_trace(lines)
-    if pol["cpp"].get("base_chunk") is not None:
-        report = {**report, "base_chunk": pol["cpp"]["base_chunk"]}
+    from vllm_ascend_cpp.sim.engine import Policy
+
     target = pol["cpp"].get("target", "base")
     kind = {"fixed": "fixed", "auto": "cpp-auto"}.get(target, "cpp-base")
+    # The policy's own base and smallest chunk (None: the plugin's defaults for its budget).
+    chunks = Policy(kind, pol["budget"], base_chunk=pol["cpp"].get("base_chunk"),
+                    min_chunk=pol["cpp"].get("min_chunk"))
     try:
-        res = simulate_trace_policy(report, policy=kind, budget=pol["budget"], concurrency=k,
+        res = simulate_trace_policy(report, policy=chunks, concurrency=k,
                                     prompt_lens=lens, output_len=output_len, model=model,
                                     sched_ms=host,
                                     arrivals_ms=None if arrivals_s is None
@@ -1000,6 +1024,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--auto-budget", type=int, default=8192)
     ap.add_argument("--auto-base", type=int, default=None,
                     help="auto's base_chunk (default: its budget)")
+    ap.add_argument("--extra-policy", type=extra_policy, action="append", default=[],
+                    metavar="NAME:BUDGET:JSON",
+                    help="another policy, e.g. 'cpp-base-2048-in-8192:8192:{\"base_chunk\": "
+                         "2048}' (keys: target, base_chunk, min_chunk); repeatable")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
@@ -1057,7 +1085,11 @@ def main() -> int:
     out = args.out or str(ROOT / "benchmarks" / "results" / stem)
     work = Path(tempfile.mkdtemp(prefix="cpp-bench-"))
     t0 = time.perf_counter()
-    pols = policies(args.prompt_len, args.fixed_budgets, args.auto_budget, args.auto_base)
+    pols = policies(args.prompt_len, args.fixed_budgets, args.auto_budget, args.auto_base,
+                    args.extra_policy)
+    names = [p["name"] for p in pols]
+    if len(set(names)) != len(names):
+        ap.error(f"policy names must differ: {names}")
     if args.only:
         pols = [p for p in pols if p["name"] in args.only]
     source = arrival_source(pols, args)  # a bad --arrivals-from fails before the engine starts
@@ -1083,6 +1115,7 @@ def main() -> int:
         "prompt_len": args.prompt_len, "output_len": args.output_len, "reps": args.reps,
         "auto_budget": args.auto_budget, "dtype": args.dtype,
         **({"auto_base": args.auto_base} if args.auto_base is not None else {}),
+        **({"extra_policies": args.extra_policy} if args.extra_policy else {}),
         **({"arrivals_from": source["name"], "arrival_jitter_s": ARRIVAL_JITTER_S}
            if source is not None else {}),
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),

@@ -41,8 +41,9 @@ def bench_mode(pol: dict) -> str:
 
 def use_policy(runtime: Any, pol: dict) -> None:
     """Switch a one-engine runtime to plan as an engine configured with ``pol`` would
-    (``CppRuntime.set_bench_policy``: its mode, budget and base chunk)."""
-    runtime.set_bench_policy(bench_mode(pol), pol["budget"], pol["cpp"].get("base_chunk"))
+    (``CppRuntime.set_bench_policy``: its mode, budget, base chunk and smallest chunk)."""
+    runtime.set_bench_policy(bench_mode(pol), pol["budget"], pol["cpp"].get("base_chunk"),
+                             pol["cpp"].get("min_chunk"))
 
 
 class TraceLog:

@@ -36,8 +36,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import ratio_stats as rs  # noqa: E402
 from benchmarks.bench_engine import bar_verdict  # noqa: E402
 
-# What must agree between runs for their rounds to be samples of one thing.
-_SAME = ("mode", "prompt_len", "output_len", "auto_budget", "auto_base")
+# What must agree between runs for their rounds to be samples of one thing. The dtype follows
+# the machine (bfloat16 where the CPU has AVX-512, float32 elsewhere), and so does the speed:
+# the same cell ran about 2.5 times faster on a bfloat16 machine than on a float32 one.
+_SAME = ("mode", "prompt_len", "output_len", "auto_budget", "auto_base", "dtype")
 
 
 def _git(*args: str) -> str:

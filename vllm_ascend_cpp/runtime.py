@@ -240,9 +240,10 @@ class CppRuntime:
                         target_ms=target)
 
     def set_bench_policy(self, mode: str | None, budget: int | None = None,
-                         base_chunk: int | None = None) -> None:
+                         base_chunk: int | None = None, min_chunk: int | None = None) -> None:
         """BENCHMARK ONLY: serve the next requests as policy ``mode`` with ``budget`` tokens
-        (and ``base_chunk``, default the budget, as cpp_config's key of that name).
+        (and ``base_chunk``, default the budget, and ``min_chunk``, default the mode's, as
+        cpp_config's keys of those names).
 
         benchmarks/bench_engine.py --one-engine calls this between rounds on an in-process
         engine so that one engine instance serves every policy (engine instances differ in
@@ -265,10 +266,13 @@ class CppRuntime:
         if isinstance(base, bool) or not isinstance(base, int) or not 0 < base <= budget:
             raise ValueError(f"bench base_chunk must be an integer in 1..{budget} (the "
                              f"policy's budget), got {base!r}")
+        floor = default_min_chunk(base, mode) if min_chunk is None else min_chunk
+        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 < floor <= base:
+            raise ValueError(f"bench min_chunk must be an integer in 1..{base} (the base "
+                             f"chunk), got {floor!r}")
         self.bench_policy = BenchPolicy(mode, budget)
         if mode != "fixed":
-            cfg = replace(self.cfg, base_chunk=base, target=mode,
-                          min_chunk=default_min_chunk(base, mode))
+            cfg = replace(self.cfg, base_chunk=base, target=mode, min_chunk=floor)
             facts = replace(self.facts, max_num_batched_tokens=budget)
             self.manager.reconfigure(core_settings(cfg, facts))
         self.max_budget = budget

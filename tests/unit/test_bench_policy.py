@@ -49,6 +49,23 @@ def test_a_base_chunk_below_the_budget_plans_like_cpp_config_with_it() -> None:
         big.set_bench_policy("auto", 4096, base_chunk=8192)
 
 
+def test_a_smallest_chunk_plans_like_cpp_config_with_it() -> None:
+    big = build_runtime(ENGINE, Policy("cpp-base", 8192))
+    ref = build_runtime(ENGINE, Policy("cpp-base", 8192, base_chunk=2048, min_chunk=256))
+    big.set_bench_policy("base", 8192, base_chunk=2048, min_chunk=256)
+    assert big.manager.settings.min_chunk == ref.manager.settings.min_chunk == 256
+    sched = SimScheduler(8192, 16)
+    req = SimRequest("r0", 16000, 4, 0.0)
+    req.num_computed_tokens = 14000  # deep in the prompt: the floor can decide the chunk
+    sched.running.append(req)
+    sched.requests[req.request_id] = req
+    assert big.plan(sched).items == ref.plan(sched).items
+    big.set_bench_policy("base", 8192, base_chunk=2048)
+    assert big.manager.settings.min_chunk == 512  # the mode's default again
+    with pytest.raises(ValueError, match="min_chunk"):
+        big.set_bench_policy("base", 8192, base_chunk=2048, min_chunk=4096)
+
+
 def test_fixed_sets_the_budget_on_every_step_and_none_restores() -> None:
     rt = build_runtime(ENGINE, Policy("cpp-base", 8192))
     sched = SimScheduler(8192, 16)

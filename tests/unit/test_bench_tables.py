@@ -202,3 +202,30 @@ def test_the_arrival_source_is_named_or_the_first_fixed_budget() -> None:
         be.arrival_source(pols, be.build_parser().parse_args(
             ["--same-arrivals", "--arrivals-from", "fixed-999"]))
     assert be.arrival_source(pols, be.build_parser().parse_args([])) is None
+
+
+def test_extra_policies_parse_and_bad_ones_are_refused() -> None:
+    pol = be.extra_policy('cpp-base-2048-in-8192:8192:{"base_chunk": 2048, "min_chunk": 256}')
+    assert pol == {"name": "cpp-base-2048-in-8192", "budget": 8192,
+                   "cpp": {"base_chunk": 2048, "min_chunk": 256}}
+    names = [p["name"] for p in be.policies(16384, [1024], 8192, extra=[pol])]
+    assert names[-1] == "cpp-base-2048-in-8192"
+    for bad in ("no-colons", "x:many:{}", 'x:8192:{"smooth_factor": 1}', "x:8192:[1]",
+                'x:8192:{"target": "fast"}'):
+        with pytest.raises(be.argparse.ArgumentTypeError):
+            be.extra_policy(bad)
+
+
+def test_the_forecast_plans_with_the_policys_own_base_chunk() -> None:
+    # A lone prompt never fills a step past its chunk, so a base chunk of 2048 plans alike
+    # under budgets of 2048 and 8192; with the base chunk dropped (as the forecast did for
+    # --auto-base) the 8192 budget would plan 8192-token chunks.
+    report = {"coefficients": {"a": 2e-7, "b": 0.0064, "c": 18.0, "gamma": 5e-4},
+              "pp_size": 2, "alignment": 64}
+    args = dict(report=report, lines=[], k=1, lens=[16384], output_len=4)
+    small = be.predict_ttft_s({"budget": 2048, "cpp": {}}, **args)
+    inside = be.predict_ttft_s({"budget": 8192, "cpp": {"base_chunk": 2048}}, **args)
+    big = be.predict_ttft_s({"budget": 8192, "cpp": {}}, **args)
+    assert small is not None and big is not None
+    assert inside == pytest.approx(small)
+    assert abs(big - small) > 0.02 * small

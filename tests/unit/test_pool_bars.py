@@ -91,6 +91,9 @@ def test_runs_of_another_workload_or_code_are_refused() -> None:
     with pytest.raises(ValueError, match="prompt_len"):
         pb.pool([_run([1.0] * 3), _run([1.0] * 3, meta={**META, "prompt_len": 8192})],
                 ["a", "b"])
+    with pytest.raises(ValueError, match="dtype"):  # another machine kind
+        pb.pool([_run([1.0] * 3, meta={**META, "dtype": "float32"}),
+                 _run([1.0] * 3, meta={**META, "dtype": "bfloat16"})], ["a", "b"])
     with pytest.raises(ValueError, match="different plugin code"):
         pb.pool([_run([1.0] * 3), _run([1.0] * 3)], ["a", "b"], ["t1", "t2"])
     with pytest.raises(ValueError, match="not known"):

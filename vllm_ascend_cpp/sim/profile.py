@@ -199,7 +199,7 @@ def host_ms_from_trace(lines: Sequence[Mapping]) -> float:
 
 
 def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
-                          policy: str = "cpp-auto", budget: int | None = None,
+                          policy: str | Policy = "cpp-auto", budget: int | None = None,
                           concurrency: int = 1, prompt_len: int | None = None,
                           prompt_lens: Sequence[int] | None = None,
                           num_requests: int | None = None, variable: bool = False,
@@ -210,22 +210,23 @@ def simulate_trace_policy(profile: str | os.PathLike | Mapping | ProfileInfo, *,
                           arrivals_ms: Sequence[float] | None = None) -> SimResult:
     """Predict a real engine's run from its fitted profile.
 
-    ``policy`` is ``fixed``, ``cpp-base`` or ``cpp-auto``; ``budget`` is
-    ``max_num_batched_tokens`` (default: the profile's base chunk). Decodes run on the engine,
-    as on the CPU test bed. ``prompt_lens`` replays an exact prompt list (then ``prompt_len``,
-    ``num_requests`` and ``variable`` are ignored). ``sched_ms`` is host time per scheduler
-    call, worth setting on slow hosts. With ``stage_scale`` (default) and per-worker sweep
-    totals in the report, faster stages run proportionally faster than the fitted (slowest)
-    one. ``model`` replaces the profile's coefficients (e.g. :func:`refit_from_trace` of
-    the run being predicted). ``arrivals_ms`` (with ``prompt_lens``) replays fixed submission
-    times instead of closed-loop clients. The result's ``mean_ttft_ms`` is the prediction to
-    compare with the measured mean TTFT.
+    ``policy`` is ``fixed``, ``cpp-base`` or ``cpp-auto`` (the profile's chunk settings where
+    ``budget`` is its base chunk), or a :class:`Policy` with its own (then ``budget`` is
+    ignored); ``budget`` is ``max_num_batched_tokens`` (default: the profile's base chunk).
+    Decodes run on the engine, as on the CPU test bed. ``prompt_lens`` replays an exact prompt
+    list (then ``prompt_len``, ``num_requests`` and ``variable`` are ignored). ``sched_ms`` is
+    host time per scheduler call, worth setting on slow hosts. With ``stage_scale`` (default)
+    and per-worker sweep totals in the report, faster stages run proportionally faster than the
+    fitted (slowest) one. ``model`` replaces the profile's coefficients (e.g.
+    :func:`refit_from_trace` of the run being predicted). ``arrivals_ms`` (with ``prompt_lens``)
+    replays fixed submission times instead of closed-loop clients. The result's ``mean_ttft_ms``
+    is the prediction to compare with the measured mean TTFT.
     """
     info = profile if isinstance(profile, ProfileInfo) else load_profile(profile)
     if model is not None:
         info = replace(info, model=model)
     S = int(stages or info.pp_size or 2)
-    pol = info.policy(policy, budget)
+    pol = policy if isinstance(policy, Policy) else info.policy(policy, budget)
     if prompt_lens is not None:
         lens = tuple(int(n) for n in prompt_lens)
         if not lens:
