@@ -527,18 +527,21 @@ def predict_ttft_s(pol: dict, report: dict, lines: list[dict], k: int, lens: lis
                    output_len: int, arrivals_s: list[float] | None = None) -> float | None:
     """The pipeline simulator's mean TTFT for this run, from the sweep and earlier steps
     (closed-loop clients, or the given arrival times)."""
-    from vllm_ascend_cpp.sim import host_ms_from_trace, refit_from_trace, simulate_trace_policy
+    from vllm_ascend_cpp.sim import (
+        Policy,
+        host_ms_from_trace,
+        refit_from_trace,
+        simulate_trace_policy,
+    )
 
     model = refit_from_trace(lines, report.get("samples"))
     host = host_ms_from_trace(lines)
-    from vllm_ascend_cpp.sim.engine import Policy
-
     target = pol["cpp"].get("target", "base")
     kind = {"fixed": "fixed", "auto": "cpp-auto"}.get(target, "cpp-base")
-    # The policy's own base and smallest chunk (None: the plugin's defaults for its budget).
-    chunks = Policy(kind, pol["budget"], base_chunk=pol["cpp"].get("base_chunk"),
-                    min_chunk=pol["cpp"].get("min_chunk"))
     try:
+        # The policy's own base and smallest chunk (None: the plugin's defaults for its budget).
+        chunks = Policy(kind, pol["budget"], base_chunk=pol["cpp"].get("base_chunk"),
+                        min_chunk=pol["cpp"].get("min_chunk"))
         res = simulate_trace_policy(report, policy=chunks, concurrency=k,
                                     prompt_lens=lens, output_len=output_len, model=model,
                                     sched_ms=host,
