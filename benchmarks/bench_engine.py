@@ -77,7 +77,7 @@ from benchmarks.engine_setup import (  # noqa: E402
     engine_kwargs,
     use_policy,
 )
-from vllm_ascend_cpp.config import CppConfig  # noqa: E402
+from vllm_ascend_cpp.config import TARGET_MODES, CppConfig  # noqa: E402
 from vllm_ascend_cpp.testing import engine as harness  # noqa: E402
 from vllm_ascend_cpp.testing.cpu_env import native_dtype, set_cpu_env  # noqa: E402
 from vllm_ascend_cpp.testing.tiny_model import write_tiny_llama  # noqa: E402
@@ -114,8 +114,8 @@ def extra_policy(text: str) -> dict:
     if not isinstance(pol["cpp"], dict) or set(pol["cpp"]) - set(EXTRA_KEYS):
         raise argparse.ArgumentTypeError(f"the JSON must be an object of {EXTRA_KEYS}, "
                                          f"got {cpp!r}")
-    if pol["cpp"].get("target", "base") not in ("fixed", "base", "auto"):
-        raise argparse.ArgumentTypeError(f"target must be fixed, base or auto, got {cpp!r}")
+    if pol["cpp"].get("target", "base") not in TARGET_MODES:
+        raise argparse.ArgumentTypeError(f"target must be one of {TARGET_MODES}, got {cpp!r}")
     return pol
 
 

@@ -128,6 +128,7 @@ def pool(runs: list[dict], names: list[str], trees: list[str] | None = None, *,
 
 def markdown(res: dict, command: str) -> str:
     runs = res["runs"]
+    labels = " | ".join(Path(r).stem.removeprefix("engine_bench_") for r in runs)
     lines = ["# Engine A/B bars, rounds pooled over runs of one plugin code", "",
              f"Command: `{command}`", "",
              f"Runs: {', '.join(f'`{r}`' for r in runs)}"
@@ -138,7 +139,7 @@ def markdown(res: dict, command: str) -> str:
              "`bench_engine.py` judges one run (met / missed only when the interval is wholly "
              "on one side of the bar).", "",
              "| setting | policy | against | metric | bar | "
-             + " | ".join(Path(r).stem.removeprefix("engine_bench_") for r in runs)
+             + labels
              + " | pooled [95% interval] | rounds | result | point within bar |",
              "|---|---|---|---|---|" + "---|" * len(runs) + "---|---|---|---|"]
     for b in res["bars"]:
@@ -151,7 +152,7 @@ def markdown(res: dict, command: str) -> str:
         lines += ["", "The TTFT bars at each policy's usual speed (each run's `adjusted` rounds, "
                   "pooled the same way; the raw ratios above stay the verdict):", "",
                   "| setting | policy | against | bar | "
-                  + " | ".join(Path(r).stem.removeprefix("engine_bench_") for r in runs)
+                  + labels
                   + " | pooled at usual speed | rounds | result |",
                   "|---|---|---|---|" + "---|" * len(runs) + "---|---|---|"]
         for b in adjusted:

@@ -168,6 +168,12 @@ class _ReadTail:
         return self._requests
 
 
+def _bench_int(name: str, value: Any, top: int, what: str) -> None:
+    """Refuse a benchmark policy's ``value`` unless it is an integer in ``1..top``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= top:
+        raise ValueError(f"bench {name} must be an integer in 1..{top} ({what}), got {value!r}")
+
+
 class CppRuntime:
     def __init__(self, cfg: CppConfig, facts: EngineFacts) -> None:
         self.cfg = cfg
@@ -258,18 +264,11 @@ class CppRuntime:
             return
         if mode not in BENCH_MODES:
             raise ValueError(f"bench mode must be one of {BENCH_MODES}, got {mode!r}")
-        limit = self._engine_budget
-        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= limit:
-            raise ValueError(f"bench budget must be an integer in 1..{limit} (the engine's "
-                             f"max_num_batched_tokens), got {budget!r}")
+        _bench_int("budget", budget, self._engine_budget, "the engine's max_num_batched_tokens")
         base = budget if base_chunk is None else base_chunk
-        if isinstance(base, bool) or not isinstance(base, int) or not 0 < base <= budget:
-            raise ValueError(f"bench base_chunk must be an integer in 1..{budget} (the "
-                             f"policy's budget), got {base!r}")
+        _bench_int("base_chunk", base, budget, "the policy's budget")
         floor = default_min_chunk(base, mode) if min_chunk is None else min_chunk
-        if isinstance(floor, bool) or not isinstance(floor, int) or not 0 < floor <= base:
-            raise ValueError(f"bench min_chunk must be an integer in 1..{base} (the base "
-                             f"chunk), got {floor!r}")
+        _bench_int("min_chunk", floor, base, "the base chunk")
         self.bench_policy = BenchPolicy(mode, budget)
         if mode != "fixed":
             cfg = replace(self.cfg, base_chunk=base, target=mode, min_chunk=floor)
