@@ -24,6 +24,10 @@ timed steps, the measured time against the time the model in use predicted:
   results minus the later step's forward (timed steps), as the engine records them (the auto
   target puts their median, floored at 0, on every dispatch), and with that step's rise over
   the one before taken out (`core.host_gap_ms`, from the lines' predicted costs).
+  And each policy's result intervals: the wall time between consecutive results in a cell
+  over the model's prediction, the time over it by step size (a cost per step the model
+  lacks against a slow machine), and the stretches of several slow steps in a row, with the
+  stage that was slow in them.
 
     python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
         --out benchmarks/results/trace_costs_anchored
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -58,6 +63,13 @@ STALL_MS = 500.0
 PAUSE_S = 0.3
 # Steps 0 .. AFTER_PAUSE-1 after a pause are reported one by one, later ones together.
 AFTER_PAUSE = 3
+# A result interval this many times its prediction is slow; MIN_STRETCH of them in a row are
+# a slow stretch.
+SLOW_RATIO = 1.25
+MIN_STRETCH = 4
+TOP_STRETCHES = 12
+# Expected result intervals are grouped at these edges (ms) for the excess per step.
+INTERVAL_BUCKETS_MS = (100, 200, 400)
 
 
 def _timed(line: dict) -> bool:
@@ -180,16 +192,23 @@ def cell_start_costs(lines: Sequence[dict], table: dict, model: Any, stages: int
     return out
 
 
-def _cell_starts(table: dict) -> list[tuple[float, str]]:
-    """``(start wall time, policy)`` of every cell, closed-loop recordings included, in time
-    order."""
+def _cells(table: dict) -> list[tuple[float, str, str, int]]:
+    """``(start wall time, policy, cell key, round)`` of every cell, closed-loop recordings
+    included, in time order."""
     out = []
-    for pols in table.values():
+    for key, pols in table.items():
         for name, v in pols.items():
-            out += [(w, name) for w in v.get("start_wall_per_rep") or [] if w is not None]
-            out += [(w, f"{name} (closed loop)")
-                    for w in v.get("closed_loop_start_wall_per_rep") or [] if w is not None]
+            out += [(w, name, key, r) for r, w in enumerate(v.get("start_wall_per_rep") or [])
+                    if w is not None]
+            out += [(w, f"{name} (closed loop)", key, r)
+                    for r, w in enumerate(v.get("closed_loop_start_wall_per_rep") or [])
+                    if w is not None]
     return sorted(out)
+
+
+def _cell_starts(table: dict) -> list[tuple[float, str]]:
+    """``(start wall time, policy)`` of every cell, in time order."""
+    return [(w, name) for w, name, _, _ in _cells(table)]
 
 
 def host_gaps(lines: Sequence[dict], table: dict, stages: int = 2) -> dict[str, dict]:
@@ -217,6 +236,143 @@ def host_gaps(lines: Sequence[dict], table: dict, stages: int = 2) -> dict[str, 
                    "median": statistics.median(out[name]),
                    "used_median": statistics.median(max(0.0, g) for g in out[name])}
             for name in sorted(raw)}
+
+
+def _expected_interval(ends: Sequence[float], prev_ms: float, this_ms: float,
+                       stages: int) -> float:
+    """When a step's result should come after the one before it, from the results already
+    back (``ends``, the last ``stages`` result times in ms, oldest first) and the two steps'
+    predicted costs, with no host time: the step is dispatched when the result ``stages``
+    back came in (vLLM keeps at most that many batches in flight), and the step before it
+    holds each stage until it moves on (its cost per stage, leaving the last at its result).
+    Under heavy and light steps in turn (decodes in one pipeline phase) a light step's result
+    then follows the heavy one's closely and a heavy step's comes late, which a plain
+    ``predicted`` per interval would call fast and slow."""
+    last = ends[-1]
+    end = ends[0] if len(ends) >= stages else -math.inf
+    for s in range(stages):
+        end = max(end, last - (stages - 1 - s) * prev_ms) + this_ms
+    return end - last
+
+
+def result_intervals(lines: Sequence[dict], table: dict, stages: int = 2
+                     ) -> dict[str, dict]:
+    """Per policy: the wall time from the result before a step with prefill work to the
+    step's own over what the model in use predicted for it (see :func:`_expected_interval`).
+
+    Cells are cut by the bench's ``start_wall_per_rep``. Decode-only steps count as steps in
+    flight but are not reported (their intervals are the host's pace, not the model's).
+    Intervals longer than ``PAUSE_S`` and ``STALL_RATIO`` times their prediction are idle
+    time (no request to run), not slow steps, and are left out. Reported: the ratio's median
+    and mean, the share of intervals at ``SLOW_RATIO`` or more, the time over prediction
+    (ms) in total, per cell and by expected interval (a constant excess per step shows as the
+    same ms in every bucket, a slow machine as the same ratio), and the slow stretches: runs
+    of ``MIN_STRETCH`` or more consecutive slow intervals, with the timed steps' stage times
+    in them."""
+    starts = _cells(table)
+    walls = [w for w, *_ in starts]
+    per: dict[str, dict] = {}
+    prev_cell = None
+    run: list[dict] = []
+
+    def close_run(name: str | None) -> None:
+        if name is not None and len(run) >= MIN_STRETCH:
+            timed = [r for r in run if r["stage_ms"]]
+            stage_cols = list(zip(*(r["stage_ms"] for r in timed))) if timed else []
+            per[name]["stretches"].append({
+                "cell": run[0]["cell"], "first_step": run[0]["step"], "steps": len(run),
+                "seconds": round(sum(r["interval"] for r in run) / 1e3, 2),
+                "over_ms": round(sum(r["interval"] - r["expected"] for r in run), 1),
+                "median_ratio": round(statistics.median(r["interval"] / r["expected"]
+                                                        for r in run), 3),
+                "timed": len(timed),
+                "stage_over_predicted": [round(statistics.median(
+                    ms / r["pred"] for ms, r in zip(col, timed)), 3) for col in stage_cols]})
+        run.clear()
+
+    cur_name = None
+    ends: list[float] = []
+    prev_pred = 0.0
+    for ln in lines:
+        t, pred = ln.get("time"), ln.get("predicted_ms")
+        if t is None or not isinstance(pred, (int, float)) or pred <= 0:
+            continue
+        i = bisect.bisect_right(walls, t) - 1
+        if i < 0:
+            continue
+        name = starts[i][1]
+        if i != prev_cell:
+            close_run(cur_name)
+            ends, prev_cell, cur_name = [], i, name
+        now = t * 1e3
+        if ends and ln.get("requests"):
+            interval = now - ends[-1]
+            expected = _expected_interval(ends, prev_pred, float(pred), stages)
+            d = per.setdefault(name, {"ratios": [], "over": defaultdict(list),
+                                      "stretches": [], "cells": {}})
+            if interval > PAUSE_S * 1e3 and interval > STALL_RATIO * expected:
+                close_run(name)
+            else:
+                ratio = interval / expected
+                d["ratios"].append(ratio)
+                d["cells"][i] = d["cells"].get(i, 0.0) + interval - expected
+                d["over"][_interval_bucket(expected)].append((interval - expected, ratio))
+                stage = ln.get("stage_ms")
+                if ratio >= SLOW_RATIO:
+                    run.append({"cell": f"{starts[i][2]} round {starts[i][3] + 1}",
+                                "step": ln.get("step"),
+                                "interval": interval, "expected": expected,
+                                "pred": float(pred),
+                                "stage_ms": stage if isinstance(stage, list) and stage
+                                and _timed(ln) else None})
+                else:
+                    close_run(name)
+        elif not ln.get("requests"):
+            # A decode-only step ends a run of slow prefill steps: TTFT is what is at stake.
+            close_run(cur_name)
+        ends = (ends + [now])[-max(1, int(stages)):]
+        prev_pred = float(pred)
+    close_run(cur_name)
+    out: dict[str, dict] = {}
+    for name, d in sorted(per.items()):
+        r = d["ratios"]
+        if not r:
+            continue
+        over_all = [x for v in d["over"].values() for x, _ in v]
+        out[name] = {
+            "cells": len(d["cells"]), "intervals": len(r),
+            "median_ratio": statistics.median(r), "mean_ratio": statistics.mean(r),
+            "slow_share": sum(x >= SLOW_RATIO for x in r) / len(r),
+            "over_s": sum(over_all) / 1e3,
+            "over_by_expected": {k: _over_summary(v) for k, v in
+                                 sorted(d["over"].items(), key=lambda kv: _bucket_low(kv[0]))},
+            "stretches": d["stretches"],
+            "over_s_per_cell": {f"{starts[i][2]} round {starts[i][3] + 1}": round(v / 1e3, 2)
+                                for i, v in sorted(d["cells"].items())},
+            "stretch_over_s": sum(s["over_ms"] for s in d["stretches"]) / 1e3}
+    return out
+
+
+def _over_summary(rows: Sequence[tuple[float, float]]) -> dict:
+    over = [x for x, _ in rows]
+    ratios = sorted(r for _, r in rows)
+    return {"intervals": len(rows), "median_ms": statistics.median(over),
+            "mean_ms": statistics.mean(over),
+            "p90_ratio": ratios[min(len(ratios) - 1, int(0.9 * len(ratios)))],
+            "slow_share": sum(r >= SLOW_RATIO for r in ratios) / len(ratios)}
+
+
+def _interval_bucket(ms: float) -> str:
+    lo = 0
+    for hi in INTERVAL_BUCKETS_MS:
+        if ms < hi:
+            return f"{lo}-{hi} ms"
+        lo = hi
+    return f"{lo}+ ms"
+
+
+def _bucket_low(label: str) -> float:
+    return float(label.split("-")[0].split("+")[0])
 
 
 def analyse(lines: Sequence[dict]) -> dict:
@@ -275,7 +431,52 @@ def render(res: dict, command: str, about: str = "") -> str:
         for name, d in res["host_gaps"].items():
             md.append(f"| {name} | {d['steps']} | {d['raw_median']:.1f} | {d['median']:.1f} | "
                       f"{d['used_median']:.1f} |")
+    if res.get("intervals"):
+        md += _render_intervals(res["intervals"])
     return "\n".join(md) + "\n"
+
+
+def _render_intervals(iv: dict) -> list[str]:
+    md = ["", "## Result intervals over the model's prediction", "",
+          "Wall time from the result before a step with prefill work to the step's own, over "
+          "the model's prediction of it given the results already back and the step before "
+          "it (vLLM's batch queue, no host time; idle gaps left out). Slow: "
+          f"{SLOW_RATIO:g}x or more; a stretch is {MIN_STRETCH} or more slow intervals in a "
+          "row.", "",
+          "| policy | cells | intervals | median | mean | slow share | over prediction (s) | "
+          "of it in stretches (s) | stretches |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, d in iv.items():
+        md.append(f"| {name} | {d['cells']} | {d['intervals']} | {d['median_ratio']:.3f} | "
+                  f"{d['mean_ratio']:.3f} | {d['slow_share']:.1%} | {d['over_s']:.1f} | "
+                  f"{d['stretch_over_s']:.1f} | {len(d['stretches'])} |")
+    md += ["", "Time over prediction per cell (s):", "", "| policy | per cell |", "|---|---|"]
+    for name, d in iv.items():
+        cells = ", ".join(f"{k} {v:+.2f}" for k, v in d["over_s_per_cell"].items())
+        md.append(f"| {name} | {cells} |")
+    md += ["", "Time over prediction per interval, by the interval expected (ms): a cost per "
+           "step the model lacks shows as the same ms in every row, a slow machine as a "
+           "growing one.", "",
+           "| policy | expected | intervals | median ms over | mean ms over | p90 ratio | "
+           "slow share |", "|---|---|---|---|---|---|---|"]
+    for name, d in iv.items():
+        for k, b in d["over_by_expected"].items():
+            md.append(f"| {name} | {k} | {b['intervals']} | {b['median_ms']:.1f} | "
+                      f"{b['mean_ms']:.1f} | {b['p90_ratio']:.3f} | {b['slow_share']:.1%} |")
+    worst = sorted(((s, name) for name, d in iv.items() for s in d["stretches"]),
+                   key=lambda x: -x[0]["over_ms"])[:TOP_STRETCHES]
+    if worst:
+        md += ["", f"The {len(worst)} stretches with the most time over prediction "
+               "(stage times of the timed steps in them over their prediction, stage 0 "
+               "first):", "",
+               "| policy | cell | first step | steps | seconds | over (ms) | median ratio | "
+               "timed | stages over prediction |", "|---|---|---|---|---|---|---|---|---|"]
+        for s, name in worst:
+            stages = ", ".join(f"{x:.2f}" for x in s["stage_over_predicted"]) or "-"
+            md.append(f"| {name} | {s['cell']} | {s['first_step']} | {s['steps']} | "
+                      f"{s['seconds']:.2f} | "
+                      f"{s['over_ms']:.0f} | {s['median_ratio']:.2f} | {s['timed']} | "
+                      f"{stages} |")
+    return md
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -300,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         stages = int(report.get("pp_size") or 2)
         res["cell_starts"] = cell_start_costs(lines, table, model, stages)
         res["host_gaps"] = host_gaps(lines, table, stages)
+        res["intervals"] = result_intervals(lines, table, stages)
     command = f"python benchmarks/trace_costs.py {args.trace}" + (
         f" --bench {args.bench}" if args.bench else "") + (
         f" --out {args.out}" if args.out else "")

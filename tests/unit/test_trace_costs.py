@@ -135,3 +135,76 @@ def test_host_gaps_per_policy_with_and_without_the_rise():
     assert gaps["cpp-base-2048"]["median"] == pytest.approx(5.0)
     assert "| fixed-1024 | 9 | 35.0 | 0.0 | 0.0 |" in trace_costs.render(
         {**trace_costs.analyse(lines), "host_gaps": gaps}, "cmd")
+
+
+def _two_stage_results(costs: list[float], host_ms: float, start: float) -> list[float]:
+    """Result times (s) of steps run through two stages, each step on a stage for its cost,
+    at most two batches in flight: a step is dispatched ``host_ms`` after the result two
+    back came in."""
+    free = [start * 1e3, start * 1e3]
+    ends: list[float] = []
+    for k, t in enumerate(costs):
+        end = ends[k - 2] + host_ms if k >= 2 else start * 1e3
+        for s in range(2):
+            end = max(end, free[s]) + t
+            free[s] = end
+        ends.append(end)
+    return [e / 1e3 for e in ends]
+
+
+def test_result_intervals_find_slow_stretches_and_follow_the_batch_queue():
+    """Three cells. Fixed 1024: 100 ms steps back to back, but five in a row come back
+    160 ms apart with stage 0 slow, and a decode-only step ends the run. Base: 50 and 150 ms
+    steps in turn (decodes in one pipeline phase) run through a two-stage pipeline with no
+    host time: their results come 50 and 250 ms apart, all as the model says, and an idle
+    gap of 2 s (no request) is no slow step. Auto: the same steps with 5 ms of host time
+    before each dispatch, which shows on the heavy steps."""
+    lines, t, step = [], 100.0, 0
+    for k in range(20):
+        step += 1
+        slow = 6 <= k < 11
+        t += (160.0 if slow else 100.0) / 1e3
+        line = {**_line(step, [(1024 * k, 1024)], 100.0, None), "time": t}
+        if slow and k % 2 == 0:
+            line.update(measured_ms=160.0, stage_ms=[160.0, 100.0])
+        lines.append(line)
+    t += 0.1
+    lines.append({**_line(step + 1, [], 10.0, None, decodes=4), "time": t})
+    for k in range(4):  # slow again, but after a decode-only step: four in a row ...
+        t += 0.16
+        lines.append({**_line(step + 2 + k, [(30000 + 1024 * k, 1024)], 100.0, None),
+                      "time": t})
+    step += 5
+    costs = [50.0 if k % 2 == 0 else 150.0 for k in range(20)]
+    table = {"c2-var": {"fixed-1024": {"start_wall_per_rep": [100.0]}}}
+    for name, host, start in (("cpp-base-2048", 0.0, t + 1.0), ("cpp-auto-8192", 5.0, t + 10.0)):
+        table["c2-var"][name] = {"start_wall_per_rep": [start]}
+        ends = _two_stage_results(costs, host, start)
+        for k, (cost, end) in enumerate(zip(costs, ends)):
+            step += 1
+            idle = 2.0 if k >= 10 and name == "cpp-base-2048" else 0.0
+            lines.append({**_line(step, [(512 * k, 512)], cost, None, decodes=1),
+                          "time": end + idle})
+    iv = trace_costs.result_intervals(lines, table, stages=2)
+    fixed, base, auto = iv["fixed-1024"], iv["cpp-base-2048"], iv["cpp-auto-8192"]
+    assert fixed["intervals"] == 19 + 4 and fixed["median_ratio"] == pytest.approx(1.0)
+    # ... of which the first follows a cheap decode-only step, so the model expects it late:
+    # three slow in a row, no stretch.
+    assert fixed["slow_share"] == pytest.approx((5 + 3) / 23)
+    assert fixed["over_by_expected"]["100-200 ms"]["slow_share"] == pytest.approx(8 / 23)
+    assert fixed["over_by_expected"]["100-200 ms"]["p90_ratio"] == pytest.approx(1.6)
+    (stretch,) = fixed["stretches"]
+    assert stretch["steps"] == 5 and stretch["first_step"] == 7
+    assert stretch["cell"] == "c2-var round 1"
+    assert stretch["over_ms"] == pytest.approx(300.0)
+    assert stretch["timed"] == 3 and stretch["stage_over_predicted"] == pytest.approx([1.6, 1.0])
+    assert fixed["stretch_over_s"] == pytest.approx(0.3)
+    assert base["intervals"] == 18 and base["stretches"] == [] and base["slow_share"] == 0
+    assert base["median_ratio"] == pytest.approx(1.0) and base["mean_ratio"] == pytest.approx(1.0)
+    assert base["over_s_per_cell"] == {"c2-var round 1": pytest.approx(0.0, abs=1e-6)}
+    heavy = auto["over_by_expected"]["200-400 ms"]
+    assert heavy["median_ms"] == pytest.approx(5.0, abs=1e-6)
+    assert auto["over_by_expected"]["0-100 ms"]["median_ms"] == pytest.approx(0.0, abs=1e-6)
+    text = trace_costs.render({**trace_costs.analyse(lines), "intervals": iv}, "cmd")
+    assert "| fixed-1024 | c2-var round 1 | 7 | 5 | 0.80 | 300 | 1.60 | 3 | 1.60, 1.00 |" \
+        in text
