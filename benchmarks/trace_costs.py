@@ -24,10 +24,11 @@ timed steps, the measured time against the time the model in use predicted:
   results minus the later step's forward (timed steps), as the engine records them (the auto
   target puts their median, floored at 0, on every dispatch), and with that step's rise over
   the one before taken out (`core.host_gap_ms`, from the lines' predicted costs).
-  And each policy's result intervals: the wall time between consecutive results in a cell
-  over the model's prediction, the time over it by step size (a cost per step the model
-  lacks against a slow machine), and the stretches of several slow steps in a row, with the
-  stage that was slow in them.
+  And each policy's result intervals: the wall time from the result before each step with
+  prefill work to its own, over what the model predicts for it under vLLM's batch queue; the
+  time over it per cell and by step size (a cost per step the model lacks against a slow
+  machine), and the stretches of several slow steps in a row, with the stage times of the
+  timed steps in them.
 
     python benchmarks/trace_costs.py /tmp/cpp-bench-XXXX/trace-one-engine.jsonl \
         --out benchmarks/results/trace_costs_anchored
