@@ -207,15 +207,10 @@ def _cells(table: dict) -> list[tuple[float, str, str, int]]:
     return sorted(out)
 
 
-def _cell_starts(table: dict) -> list[tuple[float, str]]:
-    """``(start wall time, policy)`` of every cell, in time order."""
-    return [(w, name) for w, name, _, _ in _cells(table)]
-
-
 def host_gaps(lines: Sequence[dict], table: dict, stages: int = 2) -> dict[str, dict]:
     """Per policy: back-to-back prefill steps' host gaps (ms), raw and with the rise out."""
-    starts = _cell_starts(table)
-    walls = [w for w, _ in starts]
+    starts = _cells(table)
+    walls = [w for w, *_ in starts]
     raw: dict[str, list[float]] = defaultdict(list)
     out: dict[str, list[float]] = defaultdict(list)
     prev = None
@@ -309,13 +304,12 @@ def result_intervals(lines: Sequence[dict], table: dict, stages: int = 2
         if ends and ln.get("requests"):
             interval = now - ends[-1]
             expected = _expected_interval(ends, prev_pred, float(pred), stages)
-            d = per.setdefault(name, {"ratios": [], "over": defaultdict(list),
+            d = per.setdefault(name, {"over": defaultdict(list),
                                       "stretches": [], "cells": {}})
             if interval > PAUSE_S * 1e3 and interval > STALL_RATIO * expected:
                 close_run(name)
             else:
                 ratio = interval / expected
-                d["ratios"].append(ratio)
                 d["cells"][i] = d["cells"].get(i, 0.0) + interval - expected
                 d["over"][_interval_bucket(expected)].append((interval - expected, ratio))
                 stage = ln.get("stage_ms")
@@ -336,17 +330,18 @@ def result_intervals(lines: Sequence[dict], table: dict, stages: int = 2
     close_run(cur_name)
     out: dict[str, dict] = {}
     for name, d in sorted(per.items()):
-        r = d["ratios"]
-        if not r:
+        rows = [row for v in d["over"].values() for row in v]
+        if not rows:
             continue
-        over_all = [x for v in d["over"].values() for x, _ in v]
+        over_all = [x for x, _ in rows]
+        r = [ratio for _, ratio in rows]
         out[name] = {
             "cells": len(d["cells"]), "intervals": len(r),
             "median_ratio": statistics.median(r), "mean_ratio": statistics.mean(r),
             "slow_share": sum(x >= SLOW_RATIO for x in r) / len(r),
             "over_s": sum(over_all) / 1e3,
-            "over_by_expected": {k: _over_summary(v) for k, v in
-                                 sorted(d["over"].items(), key=lambda kv: _bucket_low(kv[0]))},
+            "over_by_expected": {k: _over_summary(d["over"][k]) for k in _BUCKET_LABELS
+                                 if d["over"].get(k)},
             "stretches": d["stretches"],
             "over_s_per_cell": {f"{starts[i][2]} round {starts[i][3] + 1}": round(v / 1e3, 2)
                                 for i, v in sorted(d["cells"].items())},
@@ -363,17 +358,13 @@ def _over_summary(rows: Sequence[tuple[float, float]]) -> dict:
             "slow_share": sum(r >= SLOW_RATIO for r in ratios) / len(ratios)}
 
 
+_BUCKET_LABELS = [f"{lo}-{hi} ms" for lo, hi in zip((0, *INTERVAL_BUCKETS_MS),
+                                                     INTERVAL_BUCKETS_MS)] \
+    + [f"{INTERVAL_BUCKETS_MS[-1]}+ ms"]
+
+
 def _interval_bucket(ms: float) -> str:
-    lo = 0
-    for hi in INTERVAL_BUCKETS_MS:
-        if ms < hi:
-            return f"{lo}-{hi} ms"
-        lo = hi
-    return f"{lo}+ ms"
-
-
-def _bucket_low(label: str) -> float:
-    return float(label.split("-")[0].split("+")[0])
+    return _BUCKET_LABELS[bisect.bisect_right(INTERVAL_BUCKETS_MS, ms)]
 
 
 def analyse(lines: Sequence[dict]) -> dict:
