@@ -90,7 +90,69 @@ def test_a_same_arrivals_run_is_also_replayed_on_the_arrivals_it_served(tmp_path
                       / simulate_policy(engine, base, wl).mean_ttft_ms)
     assert rows[0]["same_arrivals_auto_vs_base"][ser.RUN] == pytest.approx(
         math.sqrt(ratios[0] * ratios[1]))
-    text = ser.markdown(rows, "run.json", "x")
+    text = ser.markdown(rows, ["run.json"], "x")
     assert "on the run's arrivals" in text and "--same-arrivals" in text
     # A closed-loop run (no arrivals_from) has no such column.
     assert ser.RUN not in ser.replay(results(), 0.0)[0]["same_arrivals_auto_vs_base"]
+
+
+def test_a_saved_command_with_a_note_and_extra_policies_parses() -> None:
+    # As results files keep it: the JSON unquoted, a note in parentheses after two spaces.
+    saved = (COMMAND + ' --extra-policy cpp-auto-in-4096:4096:{"target": "auto", '
+             '"min_chunk": 512} --arrivals-from cpp-base-512  (main\'s code, 1234abc\'s '
+             'tree; float32)')
+    args = build_parser().parse_args(ser.saved_arguments(saved))
+    assert args.only == ["fixed-1024", "cpp-base-512", "cpp-auto-8192"]
+    assert args.arrivals_from == "cpp-base-512"
+    assert [p["cpp"] for p in args.extra_policy] == [{"target": "auto", "min_chunk": 512}]
+    # Names this script cannot rebuild are left out of a replay, not an error.
+    assert ser.parses("cpp-auto-8192") and ser.parses("fixed-1024")
+    assert not ser.parses("cpp-auto-in-4096") and not ser.parses("cpp-auto-8192-m512")
+
+
+def test_each_request_is_set_against_the_simulator_on_the_arrivals_it_served(tmp_path) -> None:
+    data = results()
+    data["meta"]["arrivals_from"] = "fixed-1024"
+    served = [[0.0, 0.0, 0.3, 0.5], [0.0, 0.0, 0.1, 0.2]]
+    # Measured: base 1,000 ms for every request; auto 100 ms more on the first, 50 on the
+    # second in round 0 and 150 in round 1, level on the others; fixed 2,000 ms.
+    real = {"cpp-base-512": [[1000.0] * 4] * 2,
+            "cpp-auto-8192": [[1100.0, 1050.0, 1000.0, 1000.0],
+                              [1100.0, 1150.0, 1000.0, 1000.0]],
+            "fixed-1024": [[2000.0] * 4] * 2}
+    for cell in data["table"].values():
+        for n, v in cell.items():
+            v["arrivals_per_rep_s"] = served
+            v["ttfts_per_rep_ms"] = real[n]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "sim"
+    # The same file twice: pooled, every request has twice the rounds and the same medians.
+    assert ser.main([str(path), str(path), "--out", str(out)]) == 0
+    saved = json.loads(out.with_suffix(".json").read_text())
+    entries = {(e["cell"], e["request"]): e for e in saved["by_request"]}
+    assert len(entries) == 8 and all(e["rounds"] == 4 for e in entries.values())
+    # Against the simulator run directly on each round's arrivals, fixed prompts.
+    args = build_parser().parse_args(COMMAND.split()[2:])
+    info = load_profile({"coefficients": MODEL.to_dict(), "pp_size": 2})
+    engine = EngineSpec(stages=2, model=MODEL, sched_ms=0.0)
+    sim = {n: [] for n in real}
+    for rnd, times in enumerate(served):
+        lens = tuple(cell_lengths(args, 2, False, rnd)[0])
+        wl = Workload(concurrency=2, prompt_len=max(lens), output_len=8, prompts=lens,
+                      arrivals_ms=tuple(t * 1e3 for t in times))
+        for n in real:
+            sim[n].append(simulate_policy(engine, info.policy(*ser.policy_kind(n)), wl).ttft_ms)
+    for i in range(4):
+        e = entries[("c2-fixed", i)]
+        assert e["arrival_s_median"] == pytest.approx((served[0][i] + served[1][i]) / 2)
+        for n in real:
+            want = sorted(real[n][r][i] / sim[n][r][i] for r in range(2))
+            assert e["measured_over_simulated"][n] == pytest.approx(sum(want) / 2)
+        diff = e["auto_minus_base_ms"]
+        assert diff["measured_median"] == pytest.approx([100.0, 100.0, 0.0, 0.0][i])
+        assert diff["measured_mean"] == pytest.approx([100.0, 100.0, 0.0, 0.0][i])
+        assert diff["simulated_mean"] == pytest.approx(sum(
+            sim["cpp-auto-8192"][r][i] - sim["cpp-base-512"][r][i] for r in range(2)) / 2)
+    text = out.with_suffix(".md").read_text()
+    assert "## Each request on the run's arrivals" in text and "| 0 | c2-fixed | 0 | 4 |" in text
