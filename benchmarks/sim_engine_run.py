@@ -122,8 +122,10 @@ def replay(data: dict, host_ms: float) -> list[dict]:
             measured[n].get("arrivals_per_rep_s") for n in names)
         common: dict[str, dict[str, list[float]]] = {src: {n: [] for n in names}
                                                      for src in names + [RUN] * same}
-        # Per round, each request's (measured, simulated) TTFT per policy on the run's arrivals.
+        # Per round, each request's (measured, simulated) TTFT per policy on the run's arrivals
+        # (only when the run served them and kept every request's TTFT).
         by_request: list[list[dict[str, tuple[float, float]]]] = []
+        keep_requests = same and all(measured[n].get("ttfts_per_rep_ms") for n in names)
         for rnd in range(meta["reps"]):
             lens, _ = cell_lengths(args, k, variable, rnd)
             wl = Workload(concurrency=k, prompt_len=max(lens), output_len=args.output_len,
@@ -142,7 +144,7 @@ def replay(data: dict, host_ms: float) -> list[dict]:
                 sims = {n: simulate_policy(engine, p, fixed_arrivals) for n, p in pols.items()}
                 for n, r in sims.items():
                     common[src][n].append(r.mean_ttft_ms)
-                if src == RUN:
+                if src == RUN and keep_requests:
                     by_request.append(request_pairs(measured, sims, rnd))
 
         measured_ms = {n: measured[n]["ttft_per_rep_ms"] for n in names}
@@ -166,36 +168,28 @@ def replay(data: dict, host_ms: float) -> list[dict]:
 
 def request_pairs(measured: dict, sims: dict, rnd: int) -> list[dict[str, tuple[float, float]]]:
     """Each request of round ``rnd`` (prompt order): policy -> (measured, simulated) TTFT ms."""
-    out: list[dict[str, tuple[float, float]]] = []
-    for n, r in sims.items():
-        real = measured[n].get("ttfts_per_rep_ms")
-        if not real or len(real[rnd]) != len(r.ttft_ms):
-            return []
-        for i, (m, s) in enumerate(zip(real[rnd], r.ttft_ms)):
-            if i == len(out):
-                out.append({})
-            out[i][n] = (float(m), float(s))
-    return out
+    return [{n: (float(measured[n]["ttfts_per_rep_ms"][rnd][i]), float(r.ttft_ms[i]))
+             for n, r in sims.items()}
+            for i in range(len(next(iter(sims.values())).ttft_ms))]
 
 
 def by_request(rows: list[dict]) -> list[dict]:
     """Per cell, host time and request (pooled over the rows' sources and rounds): each
     policy's measured TTFT over the simulated one (median), and auto's TTFT minus base's,
     measured (median and mean) and simulated (mean), in ms."""
-    pooled: dict[tuple, list[dict[str, tuple[float, float]]]] = {}
-    arrivals: dict[tuple, list[float]] = {}
+    # (host, cell, request) -> (arrival s, policy -> (measured, simulated)) per round.
+    pooled: dict[tuple, list[tuple[float, dict[str, tuple[float, float]]]]] = {}
     for row in rows:
         for rnd, pairs_by_request in enumerate(row.get("rounds_by_request", [])):
             for i, pairs in enumerate(pairs_by_request):
-                key = (row["host_ms"], row["cell"], i)
-                pooled.setdefault(key, []).append(pairs)
-                arrivals.setdefault(key, []).append(row["arrivals_by_round_s"][rnd][i])
+                pooled.setdefault((row["host_ms"], row["cell"], i), []).append(
+                    (row["arrivals_by_round_s"][rnd][i], pairs))
     out = []
-    for key, rounds in sorted(pooled.items()):
-        host, cell, i = key
+    for (host, cell, i), seen in sorted(pooled.items()):
+        rounds = [pairs for _, pairs in seen]
         names = [n for n in rounds[0] if all(n in r for r in rounds)]
         entry = {"host_ms": host, "cell": cell, "request": i, "rounds": len(rounds),
-                 "arrival_s_median": statistics.median(arrivals[key]),
+                 "arrival_s_median": statistics.median(t for t, _ in seen),
                  "measured_over_simulated": {
                      n: statistics.median(r[n][0] / r[n][1] for r in rounds) for n in names}}
         kinds = {policy_kind(n)[0]: n for n in names}
