@@ -28,6 +28,24 @@ def results() -> dict:
                       for cell in ("c2-fixed", "c2-var")}}
 
 
+def test_against_fixed_means_the_cells_tuned_fixed_budget(tmp_path) -> None:
+    # Two fixed budgets, the faster one listed first and the faster one differing by cell:
+    # each cell's ratio is against its own fastest, and the row names it.
+    data = results()
+    data["meta"]["command"] = COMMAND.replace("--only fixed-1024", "--only fixed-512 fixed-1024")
+    ttft_512 = {"c2-fixed": [80.0, 100.0], "c2-var": [300.0, 300.0]}
+    for cell, pols in data["table"].items():
+        data["table"][cell] = {"fixed-512": {"ttft_per_rep_ms": ttft_512[cell]}, **pols}
+    rows = ser.replay(data, 0.0)
+    assert [(r["cell"], r["fixed"]) for r in rows] == [("c2-fixed", "fixed-512"),
+                                                       ("c2-var", "fixed-1024")]
+    # auto 110, 90 over fixed 512's 80, 100; over fixed 1024's 100, 200.
+    assert rows[0]["measured_auto_vs_fixed"] == pytest.approx(math.sqrt(110 / 80 * 90 / 100))
+    assert rows[1]["measured_auto_vs_fixed"] == pytest.approx(math.sqrt(1.1 * 0.45))
+    assert "| tuned fixed |" in ser.markdown(rows, ["run"], "cmd")
+    assert "| fixed-512 | " in ser.markdown(rows, ["run"], "cmd")
+
+
 def test_cell_lengths_are_the_ones_the_bench_sends() -> None:
     args = build_parser().parse_args(COMMAND.split()[2:])
     for rnd in range(2):
