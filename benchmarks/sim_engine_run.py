@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_engine import build_parser, cell_lengths  # noqa: E402
+from benchmarks.bench_engine import build_parser, cell_lengths, tuned_fixed  # noqa: E402
 from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
 from vllm_ascend_cpp.sim import (  # noqa: E402
     EngineSpec,
@@ -85,14 +85,6 @@ def saved_arguments(command: str) -> list[str]:
     return shlex.split(command)[2:]
 
 
-def tuned_fixed(measured: dict, names: list[str]) -> str | None:
-    """The cell's fixed budget with the lowest median TTFT over the rounds, as
-    ``bench_engine.py`` picks the tuned one; the "auto/fixed" columns are against it."""
-    fixed = [n for n in names if policy_kind(n)[0] == "fixed"]
-    return min(fixed, key=lambda n: statistics.median(measured[n]["ttft_per_rep_ms"]),
-               default=None)
-
-
 def parses(name: str) -> bool:
     """Whether a policy name is one of the standard three kinds this script can rebuild."""
     try:
@@ -124,7 +116,8 @@ def replay(data: dict, host_ms: float) -> list[dict]:
         names = [n for n in measured if parses(n)]
         pols = {n: info.policy(*policy_kind(n)) for n in names}
         kinds = {policy_kind(n)[0]: n for n in names}
-        fixed = tuned_fixed(measured, names)
+        # The cell's tuned fixed budget, as the bench picks it: "auto/fixed" is against it.
+        fixed = tuned_fixed({n: measured[n] for n in names})
         if fixed is not None:
             kinds["fixed"] = fixed
         k = int(cell.split("-")[0][1:])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -24,7 +25,9 @@ def results() -> dict:
             "cpp-auto-8192": [110.0, 90.0]}
     return {"meta": {"command": COMMAND, "reps": 2, "coefficients": MODEL.to_dict(),
                      "startup_coefficients": MODEL.to_dict()},
-            "table": {cell: {n: {"ttft_per_rep_ms": ttft[n]} for n in names}
+            "table": {cell: {n: {"ttft_per_rep_ms": ttft[n],
+                                 "ttft_ms": {"median": statistics.median(ttft[n])}}
+                             for n in names}
                       for cell in ("c2-fixed", "c2-var")}}
 
 
@@ -35,7 +38,9 @@ def test_against_fixed_means_the_cells_tuned_fixed_budget(tmp_path) -> None:
     data["meta"]["command"] = COMMAND.replace("--only fixed-1024", "--only fixed-512 fixed-1024")
     ttft_512 = {"c2-fixed": [80.0, 100.0], "c2-var": [300.0, 300.0]}
     for cell, pols in data["table"].items():
-        data["table"][cell] = {"fixed-512": {"ttft_per_rep_ms": ttft_512[cell]}, **pols}
+        data["table"][cell] = {"fixed-512": {
+            "ttft_per_rep_ms": ttft_512[cell],
+            "ttft_ms": {"median": statistics.median(ttft_512[cell])}}, **pols}
     rows = ser.replay(data, 0.0)
     assert [(r["cell"], r["fixed"]) for r in rows] == [("c2-fixed", "fixed-512"),
                                                        ("c2-var", "fixed-1024")]
