@@ -90,7 +90,7 @@ def policies(prompt_len: int, fixed_budgets: list[int], auto_budget: int,
     out = [{"name": f"fixed-{b}", "budget": b, "cpp": {"target": "fixed"}} for b in fixed_budgets]
     default = prompt_len // 8
     quarter = prompt_len // 4
-    out.append({"name": f"cpp-base-{default}", "budget": default, "cpp": {}})
+    out.append({"name": bench_base(prompt_len), "budget": default, "cpp": {}})
     out.append({"name": f"cpp-base-{quarter}", "budget": quarter, "cpp": {}})
     out.append({"name": f"cpp-auto-{auto_budget}", "budget": auto_budget,
                 "cpp": {"target": "auto",
@@ -641,6 +641,12 @@ def speed_fields(res: list[dict]) -> dict:
 
 def fixed_names(pols: dict) -> list[str]:
     return sorted((n for n in pols if n.startswith("fixed-")), key=lambda n: int(n.split("-")[1]))
+
+
+def bench_base(prompt_len: int) -> str:
+    """The CPP base policy the bars compare auto with: base chunk and budget at prompt/8, the
+    bench's default (``policies``); a run may also serve base at prompt/4."""
+    return f"cpp-base-{prompt_len // 8}"
 
 
 def tuned_fixed(pols: dict) -> str | None:

@@ -25,7 +25,8 @@ policies make there is counted once per round. Several results files pool into o
 table (the cells and policies they share); policies other than the standard fixed, base and auto
 ones (``--extra-policy``) are left out. Where a cell ran several fixed budgets, "auto/fixed" is
 against the cell's tuned one (the lowest median TTFT over the rounds, as the bench picks it),
-named in its own column.
+named in its own column; where it ran CPP base at prompt/8 and at prompt/4, "auto/base" is
+against prompt/8's, the base of the bench's bars.
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_engine import build_parser, cell_lengths, tuned_fixed  # noqa: E402
+from benchmarks.bench_engine import (  # noqa: E402
+    bench_base,
+    build_parser,
+    cell_lengths,
+    tuned_fixed,
+)
 from vllm_ascend_cpp.core.latency_model import LatencyModel  # noqa: E402
 from vllm_ascend_cpp.sim import (  # noqa: E402
     EngineSpec,
@@ -120,6 +126,10 @@ def replay(data: dict, host_ms: float) -> list[dict]:
         fixed = tuned_fixed({n: measured[n] for n in names})
         if fixed is not None:
             kinds["fixed"] = fixed
+        # With base at prompt/8 and prompt/4 in one run, "auto/base" is against the bars' base.
+        base = bench_base(args.prompt_len)
+        if base in names:
+            kinds[BASE] = base
         k = int(cell.split("-")[0][1:])
         variable = cell.endswith("-var")
         closed: dict[str, list[float]] = {n: [] for n in names}
@@ -154,7 +164,7 @@ def replay(data: dict, host_ms: float) -> list[dict]:
                     by_request.append(request_pairs(measured, sims, rnd))
 
         measured_ms = {n: measured[n]["ttft_per_rep_ms"] for n in names}
-        row = {"cell": cell, "host_ms": host_ms,
+        row = {"cell": cell, "host_ms": host_ms, "base": kinds.get(BASE),
                "measured_auto_vs_base": ratio(measured_ms, kinds, AUTO, BASE),
                "closed_auto_vs_base": ratio(closed, kinds, AUTO, BASE),
                "closed_makespan_auto_vs_base": ratio(makespan, kinds, AUTO, BASE),
@@ -184,22 +194,26 @@ def by_request(rows: list[dict]) -> list[dict]:
     """Per cell, host time and request (pooled over the rows' sources and rounds): each
     policy's measured TTFT over the simulated one (median), and auto's TTFT minus base's,
     measured (median and mean) and simulated (mean), in ms."""
-    # (host, cell, request) -> (arrival s, policy -> (measured, simulated)) per round.
-    pooled: dict[tuple, list[tuple[float, dict[str, tuple[float, float]]]]] = {}
+    # (host, cell, request) -> (arrival s, policy -> (measured, simulated), the row's base)
+    # per round.
+    pooled: dict[tuple, list[tuple[float, dict[str, tuple[float, float]], str | None]]] = {}
     for row in rows:
         for rnd, pairs_by_request in enumerate(row.get("rounds_by_request", [])):
             for i, pairs in enumerate(pairs_by_request):
                 pooled.setdefault((row["host_ms"], row["cell"], i), []).append(
-                    (row["arrivals_by_round_s"][rnd][i], pairs))
+                    (row["arrivals_by_round_s"][rnd][i], pairs, row.get("base")))
     out = []
     for (host, cell, i), seen in sorted(pooled.items()):
-        rounds = [pairs for _, pairs in seen]
+        rounds = [pairs for _, pairs, _ in seen]
         names = [n for n in rounds[0] if all(n in r for r in rounds)]
         entry = {"host_ms": host, "cell": cell, "request": i, "rounds": len(rounds),
-                 "arrival_s_median": statistics.median(t for t, _ in seen),
+                 "arrival_s_median": statistics.median(t for t, _, _ in seen),
                  "measured_over_simulated": {
                      n: statistics.median(r[n][0] / r[n][1] for r in rounds) for n in names}}
         kinds = {policy_kind(n)[0]: n for n in names}
+        bases = {b for _, _, b in seen}
+        if len(bases) == 1 and None not in bases and bases <= set(names):
+            kinds[BASE] = bases.pop()
         if AUTO in kinds and BASE in kinds:
             a, b = kinds[AUTO], kinds[BASE]
             real = [r[a][0] - r[b][0] for r in rounds]
@@ -214,7 +228,7 @@ def markdown(rows: list[dict], sources: list[str], command: str) -> str:
     # Every arrival list any row has, in first-seen order (a run may lack fixed 1024).
     names = list(dict.fromkeys(n for r in rows for n in r["same_arrivals_auto_vs_base"]))
     many = len(sources) > 1
-    head = ("| " + "source | " * many + "host ms | cell | measured auto/base | "
+    head = ("| " + "source | " * many + "host ms | cell | base | measured auto/base | "
             "simulated closed loop auto/base | closed-loop makespan auto/base | "
             + " | ".join(f"auto/base on {n}'s arrivals" for n in names)
             + " | tuned fixed | measured auto/fixed | simulated closed loop auto/fixed | "
@@ -237,7 +251,8 @@ def markdown(rows: list[dict], sources: list[str], command: str) -> str:
                             for n in names)
         lines.append(
             "| " + (f"{Path(r['source']).stem} | " if many else "")
-            + f"{r['host_ms']:g} | {r['cell']} | {r['measured_auto_vs_base']:.3f} | "
+            + f"{r['host_ms']:g} | {r['cell']} | {r.get('base') or '-'} | "
+            f"{r['measured_auto_vs_base']:.3f} | "
             f"{r['closed_auto_vs_base']:.3f} | {r['closed_makespan_auto_vs_base']:.3f} | "
             f"{same_b} | {r.get('fixed', '-')} | "
             f"{r.get('measured_auto_vs_fixed', math.nan):.3f} | "

@@ -51,6 +51,29 @@ def test_against_fixed_means_the_cells_tuned_fixed_budget(tmp_path) -> None:
     assert "| fixed-512 | " in ser.markdown(rows, ["run"], "cmd")
 
 
+def test_against_base_means_the_bars_base_at_prompt_over_8(tmp_path) -> None:
+    # Base at prompt/4 listed after base at prompt/8 (4096 // 8 = 512): the ratios and each
+    # request's difference stay against prompt/8's, and the row names it.
+    data = results()
+    data["meta"]["command"] = COMMAND.replace("cpp-base-512", "cpp-base-512 cpp-base-1024")
+    data["meta"]["arrivals_from"] = "fixed-1024"
+    served = [[0.0, 0.0, 0.3, 0.5], [0.0, 0.0, 0.1, 0.2]]
+    real = {"cpp-base-512": [[1000.0] * 4] * 2, "cpp-base-1024": [[500.0] * 4] * 2,
+            "cpp-auto-8192": [[1100.0] * 4] * 2, "fixed-1024": [[2000.0] * 4] * 2}
+    for pols in data["table"].values():
+        pols["cpp-base-1024"] = {"ttft_per_rep_ms": [50.0, 50.0], "ttft_ms": {"median": 50.0}}
+        for n, v in pols.items():
+            v["arrivals_per_rep_s"] = served
+            v["ttfts_per_rep_ms"] = real[n]
+    rows = ser.replay(data, 0.0)
+    assert [r["base"] for r in rows] == ["cpp-base-512", "cpp-base-512"]
+    assert rows[0]["measured_auto_vs_base"] == pytest.approx(math.sqrt(1.1 * 0.9))
+    assert set(rows[0]["same_arrivals_auto_vs_base"]) >= {"cpp-base-512", "cpp-base-1024"}
+    diffs = [e["auto_minus_base_ms"]["measured_mean"] for e in ser.by_request(rows)]
+    assert diffs == pytest.approx([100.0] * 8)
+    assert "| c2-var | cpp-base-512 | " in ser.markdown(rows, ["run"], "cmd")
+
+
 def test_cell_lengths_are_the_ones_the_bench_sends() -> None:
     args = build_parser().parse_args(COMMAND.split()[2:])
     for rnd in range(2):
