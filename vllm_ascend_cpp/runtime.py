@@ -259,6 +259,7 @@ class CppRuntime:
         """
         if mode is None:
             self.bench_policy = None
+            self.manager.use_gap_history(None)
             self.manager.reconfigure(core_settings(self.cfg, self.facts))
             self.max_budget = self._engine_budget
             return
@@ -270,6 +271,8 @@ class CppRuntime:
         floor = default_min_chunk(base, mode) if min_chunk is None else min_chunk
         _bench_int("min_chunk", floor, base, "the base chunk")
         self.bench_policy = BenchPolicy(mode, budget)
+        # Each policy learns its host time from its own steps, as a separate engine would.
+        self.manager.use_gap_history((mode, budget, base, floor))
         if mode != "fixed":
             cfg = replace(self.cfg, base_chunk=base, target=mode, min_chunk=floor)
             facts = replace(self.facts, max_num_batched_tokens=budget)

@@ -84,6 +84,29 @@ def test_fixed_sets_the_budget_on_every_step_and_none_restores() -> None:
     assert rt.plan(sched) is None  # decode-only, operator's settings: vLLM's own budget
 
 
+def test_each_policy_learns_its_own_host_time() -> None:
+    # Fixed chunks that grow with the prefix come back late by the rise (about 32 ms per step
+    # at 16k prompts); an auto engine of its own never sees those gaps.
+    rt = build_runtime(ENGINE, Policy("cpp-base", 8192))
+    rt.set_bench_policy("fixed", 1024)
+    for _ in range(16):
+        rt.manager.record_host_gap(32.0)
+    rt.set_bench_policy("auto", 8192)
+    assert rt.manager.host_ms == 0.0  # nothing learnt from its own steps yet, as a new engine
+    for _ in range(16):
+        rt.manager.record_host_gap(5.0)
+    assert rt.manager.host_ms == pytest.approx(5.0)
+    rt.set_bench_policy("fixed", 1024)
+    rt.manager.record_host_gap(40.0)
+    rt.set_bench_policy("auto", 8192)
+    assert rt.manager.host_ms == pytest.approx(5.0)
+    assert rt.manager.auto.auto.host_ms == pytest.approx(5.0)  # what its forecast charges
+    rt.set_bench_policy("auto", 8192, min_chunk=512)  # another policy: a history of its own
+    assert rt.manager.host_ms == 0.0
+    rt.set_bench_policy(None)  # the operator's settings (base here) keep theirs
+    assert rt.manager.host_ms == 0.0
+
+
 def test_bad_bench_policies_are_refused() -> None:
     rt = build_runtime(ENGINE, Policy("cpp-base", 4096))
     with pytest.raises(ValueError, match="max_num_batched_tokens"):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from enum import Enum
 
 import numpy as np
@@ -92,6 +92,10 @@ class ProfilingChunkManager:
         # Per-step host time between back-to-back prefill steps, beyond the forward (ms).
         self._host_gaps: deque[float] = deque(maxlen=_HOST_GAP_WINDOW)
         self._host_ms_in_use = 0.0
+        # Benchmarks only: the gap histories of the policies not being served now, by the key
+        # each was served under (use_gap_history; None is the operator's settings).
+        self._gap_histories: dict[Hashable, deque[float]] = {}
+        self._gap_key: Hashable = None
         self.calibrator: OnlineCalibrator | None = (
             OnlineCalibrator(window=settings.calibration_window,
                              max_failed_fits=settings.max_failed_fits,
@@ -403,9 +407,25 @@ class ProfilingChunkManager:
         if self.auto is not None:
             self.auto = self._carried_auto()
 
+    def use_gap_history(self, key: Hashable) -> None:
+        """BENCHMARK ONLY: from now on learn host gaps into the history kept under ``key``
+        (a new, empty one the first time), keeping the current one under its own key.
+
+        A gap holds what a dearer step adds on its own (the rise), so it depends on the policy:
+        fixed 1,024-token chunks at 16k prompts show about 32 ms, CPP's equal-cost steps about
+        5. A separate engine with a policy learns from that policy's steps alone; one history
+        shared by every policy of a one-engine benchmark had the auto target planning with 17
+        to 37 ms per dispatch after fixed and base cells, and choosing steps twice base's size.
+        The auto target takes the history's host time at the next :meth:`reconfigure`."""
+        if key == self._gap_key:
+            return
+        self._gap_histories[self._gap_key] = self._host_gaps
+        self._host_gaps = self._gap_histories.pop(key, None) or deque(maxlen=_HOST_GAP_WINDOW)
+        self._gap_key = key
+
     def reconfigure(self, settings: CoreSettings) -> None:
         """Swap the chunk settings and target mode, keeping the fitted model, the calibration
-        window, the host-time history and the state.
+        window, the host-time history in use (see :meth:`use_gap_history`) and the state.
 
         For benchmarks that serve several policies from one engine (see
         ``CppRuntime.set_bench_policy``): a policy switch then changes only what a separate
@@ -418,12 +438,11 @@ class ProfilingChunkManager:
         if self.model is not None:
             self.predictor = self.predictor.with_model(self.model.scaled(self.speed.value))
         self.planner = StepPlanner(self.predictor)
-        # A separate auto engine learns its host time from its own gaps; these gaps come
-        # from the same engine, so the auto target starts from what they say.
-        if settings.target_mode != "auto":
-            self._host_ms_in_use = 0.0  # only the auto target learns and uses it
-        elif len(self._host_gaps) >= _HOST_GAP_MIN:
+        # The auto target starts from the history in use, or from none, as a new engine does.
+        if settings.target_mode == "auto" and len(self._host_gaps) >= _HOST_GAP_MIN:
             self._host_ms_in_use = float(np.median(self._host_gaps))
+        else:
+            self._host_ms_in_use = 0.0  # only the auto target learns and uses it
         self.auto = (AutoTargetTracker(AutoTarget(self.predictor, settings.pp_size,
                                                   host_ms=self._host_ms_in_use))
                      if settings.target_mode == "auto" and self.predictor.ready else None)
