@@ -212,7 +212,7 @@ def by_request(rows: list[dict]) -> list[dict]:
                      n: statistics.median(r[n][0] / r[n][1] for r in rounds) for n in names}}
         kinds = {policy_kind(n)[0]: n for n in names}
         bases = {b for _, _, b in seen}
-        if len(bases) == 1 and None not in bases and bases <= set(names):
+        if len(bases) == 1 and bases <= set(names):  # None, a row without a base, is no name
             kinds[BASE] = bases.pop()
         if AUTO in kinds and BASE in kinds:
             a, b = kinds[AUTO], kinds[BASE]
