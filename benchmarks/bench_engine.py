@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
@@ -232,12 +233,27 @@ def begin_cell(pol: dict, sim_report: dict, trace: TraceLog, k: int,
     # + earlier steps), so it is a forecast, not a fit to the answer.
     predicted = predict_ttft_s(pol, sim_report, seen[-FORECAST_WINDOW:], k, lens,
                                args.output_len, arrivals_s)
+    freeze_heap()
     return {"mark": mark, "predicted": predicted, "lens": lens,
             "shapes_before": {t["num_tokens"] for t in seen},
             "load_before": os.getloadavg()[0], "cpu_before": time.process_time(),
             "steal_before": cell_speed.steal_s(),
             "faults_before": cell_speed.worker_faults(),
             "sweep_model": cell_speed.sweep_model(sim_report)}
+
+
+def freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's reach (``gc.freeze``).
+
+    In one-engine mode the engine is driven from this process, which also keeps the parsed
+    trace (hundreds of thousands of lines by the end of a run). vLLM freezes its own heap at
+    start-up; what the benchmark adds after that stays in the oldest generation, and each
+    full collection walks all of it and stops the engine for as long. In a 16k run (ad hoc,
+    ``gc.callbacks``) the full collections took 56 to 483 ms before the first cell and 456 and
+    507 ms in the last one, on whichever policy was serving. Frozen objects are never
+    collected; what the benchmark keeps is not garbage, and the little cyclic garbage frozen
+    with it is bounded by the run."""
+    gc.freeze()
 
 
 def end_cell(ctx: dict, r: dict, trace: TraceLog, pol: dict, key: str) -> dict:
@@ -787,7 +803,8 @@ def markdown(table: dict, meta: dict) -> str:
              f"{meta['reps']} interleaved rounds; attention share of the last chunk at the "
              f"default budget: {meta['attention_share']:.0%}."
              + (f" Engine dtype {meta['dtype']}." if meta.get("dtype") else "")
-             + (f" Wall time {meta['wall_s'] / 60:.0f} min." if meta.get("wall_s") else ""), "",
+             + (f" Wall time {meta['wall_s'] / 60:.0f} min." if meta.get("wall_s") else "")
+             + guest_memory_note(meta.get("guest_memory")), "",
              ("Mode: **one engine** serves every policy (fixed budgets emulated as a per-step "
               "budget on the same engine, see the script's docstring)." if one else
               "Mode: **one engine per policy and round** (engine instances on this CPU differ "
@@ -1067,12 +1084,45 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only re-render this results JSON's Markdown (and intervals)")
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--kv-gib", type=int, default=6)
+    ap.add_argument("--stop-page-reporting", action="store_true",
+                    help="before the engine starts, stop the VM's balloon from handing freed "
+                         "memory back to the host and touch the free memory once (root; "
+                         "benchmarks/cell_speed.py: reporting_balloons)")
     ap.add_argument("--dtype", default=None,
                     help="engine dtype (default: bfloat16, float32 on x86 without AVX-512)")
     ap.add_argument("--out", default=None,
                     help="output stem (default benchmarks/results/engine_bench, "
                          "engine_bench_one_engine with --one-engine)")
     return ap
+
+
+def guest_memory_note(state: dict | None) -> str:
+    if not state:
+        return ""
+    stopped = " (stopped for this run, free memory touched once)" \
+        if state.get("reporting_stopped") else ""
+    return (f" Guest memory at the start: page reporting "
+            f"{'on' if state.get('page_reporting') else 'off'}{stopped}; a first touch "
+            f"{state.get('first_touch_us_per_page')} us per 4 KiB page, again "
+            f"{state.get('again_us_per_page')} us.")
+
+
+def prepare_memory(stop_reporting: bool) -> dict:
+    """The guest-memory state the run starts in (``cell_speed.guest_memory``), after stopping
+    page reporting and touching the free memory once when asked. Where freed memory goes back
+    to the host, the page faults of a worker whose allocator grows cost about 40 times as
+    much, and they fall on the policy with the largest steps."""
+    done: dict = {}
+    if stop_reporting:
+        try:
+            done["reporting_stopped"] = cell_speed.stop_page_reporting()
+        except OSError as exc:
+            raise SystemExit(
+                f"--stop-page-reporting: cannot unbind the balloon driver ({exc})") from exc
+        done["touched"] = cell_speed.touch_free_memory()
+    state = {**cell_speed.guest_memory(), **done}
+    print(f"guest memory: {state}", flush=True)
+    return state
 
 
 def main() -> int:
@@ -1102,6 +1152,7 @@ def main() -> int:
     if args.only:
         pols = [p for p in pols if p["name"] in args.only]
     source = arrival_source(pols, args)  # a bad --arrivals-from fails before the engine starts
+    memory = prepare_memory(args.stop_page_reporting)
     if args.one_engine:
         runs = run_one_engine(pols, args, work, source)
     else:
@@ -1130,6 +1181,7 @@ def main() -> int:
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],
+        "guest_memory": memory,
     }
     print(write_results(out, meta, summarise(runs)))
     return 0

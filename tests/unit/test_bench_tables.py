@@ -229,3 +229,29 @@ def test_the_forecast_plans_with_the_policys_own_base_chunk() -> None:
     assert small is not None and big is not None
     assert inside == pytest.approx(small)
     assert abs(big - small) > 0.02 * small
+
+
+def test_a_cell_starts_with_the_benchmarks_heap_out_of_the_collectors_reach() -> None:
+    import gc
+
+    kept = [{"step": i, "requests": [{"id": str(i)}]} for i in range(1000)]
+    assert any(o is kept for o in gc.get_objects())
+    try:
+        be.freeze_heap()
+        # A full collection inside the cell walks gc.get_objects(); the parsed trace is not
+        # in it any more, so the engine no longer stops for it.
+        assert not any(o is kept for o in gc.get_objects())
+        assert gc.get_freeze_count() >= len(kept)
+    finally:
+        gc.unfreeze()
+
+
+def test_a_run_records_the_guest_memory_it_started_with() -> None:
+    state = be.prepare_memory(False)
+    assert isinstance(state["page_reporting"], bool)
+    assert state["first_touch_us_per_page"] > 0 and state["again_us_per_page"] > 0
+    assert "reporting_stopped" not in state
+    note = be.guest_memory_note({**state, "page_reporting": False,
+                                 "reporting_stopped": ["virtio0"]})
+    assert "page reporting off (stopped for this run" in note
+    assert be.guest_memory_note(None) == ""

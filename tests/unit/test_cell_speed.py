@@ -178,3 +178,41 @@ def test_worker_faults_count_the_pages_titled_processes_touch() -> None:
         proc.stdin.write("\n")
         proc.stdin.flush()
         proc.wait(timeout=30)
+
+
+def _virtio(root: Path, name: str, device: int, features: str, bound: bool) -> None:
+    d = root / "devices" / name
+    d.mkdir(parents=True)
+    (d / "device").write_text(f"0x{device:04x}\n")
+    (d / "features").write_text(features + "\n")
+    if bound:
+        (d / "driver").mkdir()
+
+
+def test_only_a_bound_balloon_with_the_reporting_bit_hands_memory_back(tmp_path: Path) -> None:
+    # Feature strings as sysfs prints them, bit 0 first; bit 5 is VIRTIO_BALLOON_F_REPORTING.
+    _virtio(tmp_path, "virtio0", 0x0005, "0110010100" + "0" * 54, bound=True)
+    _virtio(tmp_path, "virtio1", 0x0005, "0110000100" + "0" * 54, bound=True)
+    _virtio(tmp_path, "virtio2", 0x0005, "0110010100" + "0" * 54, bound=False)
+    _virtio(tmp_path, "virtio3", 0x0002, "0010011001" + "0" * 54, bound=True)
+    assert cell_speed.reporting_balloons(str(tmp_path)) == ["virtio0"]
+    assert cell_speed.reporting_balloons(str(tmp_path / "missing")) == []
+
+
+def test_stopping_reporting_unbinds_each_reporting_balloon(tmp_path: Path) -> None:
+    _virtio(tmp_path, "virtio0", 0x0005, "0110010100" + "0" * 54, bound=True)
+    _virtio(tmp_path, "virtio4", 0x0004, "0000000000" + "0" * 54, bound=True)
+    driver = tmp_path / "drivers" / "virtio_balloon"
+    driver.mkdir(parents=True)
+    (driver / "unbind").write_text("")
+    assert cell_speed.stop_page_reporting(str(tmp_path)) == ["virtio0"]
+    assert (driver / "unbind").read_text() == "virtio0"
+
+
+def test_free_memory_is_touched_up_to_the_reserve(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683520 kB\nMemAvailable:      49152 kB\n")
+    assert cell_speed.touch_free_memory(reserve_mib=40, meminfo=str(meminfo))["mib"] == 8
+    assert cell_speed.touch_free_memory(reserve_mib=64, meminfo=str(meminfo))["mib"] == 0
+    assert cell_speed.touch_free_memory(meminfo=str(tmp_path / "none"))["mib"] == 0
+    assert cell_speed.first_touch_us(1) > 0

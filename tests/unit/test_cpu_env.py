@@ -12,7 +12,7 @@ from vllm_ascend_cpp.testing import cpu_env
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for k in [*cpu_env.CPU_ENV, "LD_PRELOAD"]:
+    for k in [*cpu_env.CPU_ENV, "LD_PRELOAD", cpu_env.MALLOC_ENV]:
         monkeypatch.delenv(k, raising=False)
     return monkeypatch
 
@@ -42,3 +42,14 @@ def test_an_operator_tcmalloc_or_none_is_left_alone(clean_env, tmp_path):
     clean_env.setenv("LD_PRELOAD", "/usr/local/lib/libtcmalloc.so")
     cpu_env.set_cpu_env()
     assert os.environ["LD_PRELOAD"] == "/usr/local/lib/libtcmalloc.so"
+
+
+def test_workers_can_be_kept_on_glibc_malloc(clean_env, tmp_path):
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.write_bytes(b"")
+    clean_env.setattr(cpu_env, "TCMALLOC_GLOBS", (str(lib),))
+    clean_env.setenv(cpu_env.MALLOC_ENV, "glibc")
+    clean_env.setenv("LD_PRELOAD", "/opt/libgomp.so.1")
+    cpu_env.set_cpu_env()
+    assert os.environ["LD_PRELOAD"] == "/opt/libgomp.so.1"
+    assert os.environ["MALLOC_TRIM_THRESHOLD_"] == str(1 << 40)

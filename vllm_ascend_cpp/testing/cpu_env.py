@@ -12,6 +12,12 @@ import platform
 KV_CACHE_GIB = 1
 
 DTYPE_ENV = "VLLM_CPP_ENGINE_DTYPE"
+# "glibc" keeps the workers on glibc malloc (with CPU_ENV's no-trim settings) instead of
+# preloading tcmalloc. Tried against the page faults auto's largest steps take on VMs whose
+# balloon hands freed memory back to the host: a 16k run with it
+# (benchmarks/results/engine_bench_16k_glibc_bf16.md) still had 6k to 56k per auto cell in 6
+# of 20, so tcmalloc stays the default.
+MALLOC_ENV = "VLLM_CPP_WORKER_MALLOC"
 
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
@@ -84,7 +90,7 @@ def set_cpu_env(kv_cache_gib: int | None = None) -> None:
     for k, v in CPU_ENV.items():
         os.environ.setdefault(k, v)
     preload = os.environ.get("LD_PRELOAD", "")
-    lib = tcmalloc_path()
+    lib = tcmalloc_path() if os.environ.get(MALLOC_ENV, "tcmalloc") != "glibc" else None
     if lib is not None and "libtcmalloc" not in preload:
         os.environ["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
     if kv_cache_gib is not None:
