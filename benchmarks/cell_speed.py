@@ -140,29 +140,33 @@ def stop_page_reporting(sys_virtio: str = "/sys/bus/virtio") -> list[str]:
     return done
 
 
-def first_touch_us(mib: int = 256) -> float:
-    """Wall time per 4 KiB page to touch ``mib`` MiB of fresh anonymous memory once."""
+def _touch_s(mib: int) -> float:
+    """Seconds to touch every page of ``mib`` MiB of fresh anonymous memory once, then free it."""
     import mmap
     import time
 
+    if mib <= 0:
+        return 0.0
     size = mib << 20
     buf = mmap.mmap(-1, size)
     try:
         t0 = time.perf_counter()
         for off in range(0, size, _PAGE):
             buf[off] = 1
-        return (time.perf_counter() - t0) / (size // _PAGE) * 1e6
+        return time.perf_counter() - t0
     finally:
         buf.close()
+
+
+def first_touch_us(mib: int = 256) -> float:
+    """Wall time per 4 KiB page to touch ``mib`` MiB of fresh anonymous memory once."""
+    return _touch_s(mib) / ((mib << 20) // _PAGE) * 1e6
 
 
 def touch_free_memory(reserve_mib: int = 1536, meminfo: str = "/proc/meminfo") -> dict:
     """Touch all memory the kernel reports available but ``reserve_mib`` MiB, once, then free
     it: with page reporting stopped, every page the workers take later is already backed.
     Returns the MiB touched and the seconds it took."""
-    import mmap
-    import time
-
     try:
         with open(meminfo, encoding="ascii") as fh:
             avail_kib = next(int(line.split()[1]) for line in fh
@@ -170,15 +174,7 @@ def touch_free_memory(reserve_mib: int = 1536, meminfo: str = "/proc/meminfo") -
     except (OSError, StopIteration, ValueError):
         return {"mib": 0, "s": 0.0}
     mib = max(0, avail_kib // 1024 - int(reserve_mib))
-    t0 = time.perf_counter()
-    if mib:
-        buf = mmap.mmap(-1, mib << 20)
-        try:
-            for off in range(0, mib << 20, _PAGE):
-                buf[off] = 1
-        finally:
-            buf.close()
-    return {"mib": mib, "s": round(time.perf_counter() - t0, 1)}
+    return {"mib": mib, "s": round(_touch_s(mib), 1)}
 
 
 def guest_memory(mib: int = 256) -> dict:
