@@ -20,7 +20,9 @@ Two figures per cell, neither of which depends on which policy ran:
 And one figure that does depend on the policy: ``worker_faults``, the page faults vLLM's
 workers took during the cell (``/proc/<pid>/stat``). A step larger than the memory a worker's
 allocator still holds maps fresh pages, and on these VMs that costs far more than the step's
-compute; the latency model has no term for it.
+compute; the latency model has no term for it. How much more is a property of the run, read
+once at its start (:func:`guest_memory`): where a virtio balloon reports freed pages to the
+host, a first touch waits for the host to back the page again.
 
 :func:`request_slowdowns` takes the slowdown over each request's wait for its first token
 alone: a slow stretch often covers part of a cell (round 5's above: the first wave's 14 steps,
@@ -34,8 +36,10 @@ cells of different policies) says whether it was.
 
 from __future__ import annotations
 
+import mmap
 import os
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -142,9 +146,6 @@ def stop_page_reporting(sys_virtio: str = "/sys/bus/virtio") -> list[str]:
 
 def _touch_s(mib: int) -> float:
     """Seconds to touch every page of ``mib`` MiB of fresh anonymous memory once, then free it."""
-    import mmap
-    import time
-
     if mib <= 0:
         return 0.0
     size = mib << 20
