@@ -467,6 +467,10 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
     llm = LLM(**engine_kwargs(args, model_dir, budget, cpp_settings(trace_path, work, window)))
     runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
     try:
+        if args.fill_heap_mib:
+            args.heap_fill = {"mib": args.fill_heap_mib, "workers": llm.collective_rpc(
+                cell_speed.fill_heap, args=(args.fill_heap_mib,))}
+            print(f"worker heaps filled: {args.heap_fill}", flush=True)
         scheduler = compat.inproc_scheduler(llm)
         if scheduler is None or not hasattr(scheduler, "cpp"):
             raise RuntimeError("--one-engine needs the CPP scheduler in this process")
@@ -1088,6 +1092,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="before the engine starts, stop the VM's balloon from handing freed "
                          "memory back to the host and touch the free memory once (root; "
                          "benchmarks/cell_speed.py: reporting_balloons)")
+    ap.add_argument("--fill-heap-mib", type=int, default=0, metavar="MIB",
+                    help="--one-engine: before the warm-up, have each worker take this many "
+                         "MiB from its allocator, write it and give it back, so that no policy's "
+                         "step grows a worker's heap onto fresh pages during the cells "
+                         "(benchmarks/cell_speed.py: fill_heap)")
     ap.add_argument("--dtype", default=None,
                     help="engine dtype (default: bfloat16, float32 on x86 without AVX-512)")
     ap.add_argument("--out", default=None,
@@ -1101,10 +1110,15 @@ def guest_memory_note(state: dict | None) -> str:
         return ""
     stopped = " (stopped for this run, free memory touched once)" \
         if state.get("reporting_stopped") else ""
+    fill = state.get("heap_fill")
+    filled = "" if not fill else (
+        f" Each worker's heap filled with {fill['mib']} MiB before the warm-up ("
+        + ", ".join(f"{w['faults'] / 1000:.0f}k faults in {w['s']} s" for w in fill["workers"])
+        + ").")
     return (f" Guest memory at the start: page reporting "
             f"{'on' if state.get('page_reporting') else 'off'}{stopped}; a first touch "
             f"{state.get('first_touch_us_per_page')} us per 4 KiB page, again "
-            f"{state.get('again_us_per_page')} us.")
+            f"{state.get('again_us_per_page')} us." + filled)
 
 
 def prepare_memory(stop_reporting: bool) -> dict:
@@ -1140,6 +1154,8 @@ def main() -> int:
         return multiturn.main(args, args.out)
     if args.same_arrivals and not args.one_engine:
         ap.error("--same-arrivals needs --one-engine")
+    if args.fill_heap_mib < 0 or (args.fill_heap_mib and not args.one_engine):
+        ap.error("--fill-heap-mib takes a size in MiB and needs --one-engine")
     stem = "engine_bench_one_engine" if args.one_engine else "engine_bench"
     out = args.out or str(ROOT / "benchmarks" / "results" / stem)
     work = Path(tempfile.mkdtemp(prefix="cpp-bench-"))
@@ -1181,7 +1197,8 @@ def main() -> int:
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],
-        "guest_memory": memory,
+        "guest_memory": {**memory, **({"heap_fill": args.heap_fill}
+                                      if getattr(args, "heap_fill", None) else {})},
     }
     print(write_results(out, meta, summarise(runs)))
     return 0
