@@ -444,9 +444,11 @@ def jittered_arrivals(times: list[float], seed: int) -> list[float]:
 
 
 def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
-                   source: dict | None = None) -> dict:
+                   source: dict | None = None, memory: dict | None = None) -> dict:
     """One-engine mode: every policy on one in-process engine, interleaved cell by cell; with
-    ``source`` (:func:`arrival_source`) every policy serves the arrivals its closed loop makes."""
+    ``source`` (:func:`arrival_source`) every policy serves the arrivals its closed loop makes.
+    With ``--fill-heap-mib`` the workers' heaps are filled first, and what that took is added
+    to ``memory`` (the run's guest-memory state, :func:`prepare_memory`)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     set_cpu_env(kv_cache_gib=args.kv_gib)
     from vllm import LLM
@@ -468,9 +470,11 @@ def run_one_engine(pols: list[dict], args: argparse.Namespace, work: Path,
     runs: dict[str, list[dict]] = {p["name"]: [] for p in pols}
     try:
         if args.fill_heap_mib:
-            args.heap_fill = {"mib": args.fill_heap_mib, "workers": llm.collective_rpc(
+            fill = {"mib": args.fill_heap_mib, "workers": llm.collective_rpc(
                 cell_speed.fill_heap, args=(args.fill_heap_mib,))}
-            print(f"worker heaps filled: {args.heap_fill}", flush=True)
+            if memory is not None:
+                memory["heap_fill"] = fill
+            print(f"worker heaps filled: {fill}", flush=True)
         scheduler = compat.inproc_scheduler(llm)
         if scheduler is None or not hasattr(scheduler, "cpp"):
             raise RuntimeError("--one-engine needs the CPP scheduler in this process")
@@ -1170,7 +1174,7 @@ def main() -> int:
     source = arrival_source(pols, args)  # a bad --arrivals-from fails before the engine starts
     memory = prepare_memory(args.stop_page_reporting)
     if args.one_engine:
-        runs = run_one_engine(pols, args, work, source)
+        runs = run_one_engine(pols, args, work, source, memory)
     else:
         runs = {p["name"]: [] for p in pols}
         for rnd in range(args.reps):
@@ -1197,8 +1201,7 @@ def main() -> int:
         "attention_share": attention_share(coefficients, args.prompt_len, args.prompt_len // 8),
         "coefficients": coefficients,
         "startup_coefficients": any_report["coefficients"],
-        "guest_memory": {**memory, **({"heap_fill": args.heap_fill}
-                                      if getattr(args, "heap_fill", None) else {})},
+        "guest_memory": memory,
     }
     print(write_results(out, meta, summarise(runs)))
     return 0

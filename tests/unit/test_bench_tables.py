@@ -255,3 +255,16 @@ def test_a_run_records_the_guest_memory_it_started_with() -> None:
                                  "reporting_stopped": ["virtio0"]})
     assert "page reporting off (stopped for this run" in note
     assert be.guest_memory_note(None) == ""
+    filled = be.guest_memory_note({**state, "heap_fill": {"mib": 1024, "workers": [
+        {"pid": 1, "faults": 208_920, "s": 2.73}, {"pid": 2, "faults": 262_144, "s": 3.16}]}})
+    assert filled.endswith("Each worker's heap filled with 1024 MiB before the warm-up "
+                           "(209k faults in 2.73 s, 262k faults in 3.16 s).")
+
+
+@pytest.mark.parametrize("argv", [["--fill-heap-mib", "-1", "--one-engine"],
+                                  ["--fill-heap-mib", "1024"]])
+def test_a_heap_fill_needs_a_size_and_the_one_engine_mode(argv, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_engine.py", *argv])
+    with pytest.raises(SystemExit):
+        be.main()
+    assert "--fill-heap-mib takes a size in MiB and needs --one-engine" in capsys.readouterr().err
