@@ -22,7 +22,8 @@ workers took during the cell (``/proc/<pid>/stat``). A step larger than the memo
 allocator still holds maps fresh pages, and on these VMs that costs far more than the step's
 compute; the latency model has no term for it. How much more is a property of the run, read
 once at its start (:func:`guest_memory`): where a virtio balloon reports freed pages to the
-host, a first touch waits for the host to back the page again.
+host, a first touch waits for the host to back the page again. A run takes that cost out of
+its cells by filling each worker's heap once before them (:func:`fill_heap`).
 
 :func:`request_slowdowns` takes the slowdown over each request's wait for its first token
 alone: a slow stretch often covers part of a cell (round 5's above: the first wave's 14 steps,
